@@ -1,0 +1,42 @@
+# gpuslice developer entry points. `make demo` and `make test` create .venv/ when it is missing.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+BIN := $(VENV)/bin
+
+.PHONY: all setup demo test lint typecheck imports proto proto-check unit clean
+
+all: test
+
+$(VENV)/.synced: pyproject.toml uv.lock $(wildcard libs/*/pyproject.toml services/*/pyproject.toml)
+	bash hack/bootstrap.sh
+	touch $@
+
+setup: $(VENV)/.synced
+
+demo: setup
+	$(PY) -m gpuslice_nvml.inventory --nvml=fake --fake-nvml-config e2e/fixtures/sample-node.yaml
+
+test: lint typecheck imports proto-check unit
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: setup
+	$(BIN)/mypy libs services hack e2e bench
+
+imports: setup
+	$(BIN)/lint-imports
+
+proto: setup
+	$(PY) hack/gen_protos.py
+
+proto-check: setup
+	$(PY) hack/gen_protos.py --check
+
+unit: setup
+	$(BIN)/pytest -q
+
+clean:
+	rm -rf $(VENV) .tools .mypy_cache .ruff_cache .pytest_cache

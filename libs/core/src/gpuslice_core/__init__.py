@@ -1,0 +1,1 @@
+"""gpuslice shared library."""
