@@ -26,9 +26,9 @@ class EnvArgumentParser(argparse.ArgumentParser):
         flag: str,
         *,
         env: str,
-        help: str,  # noqa: A002 - mirrors argparse's own keyword
+        help: str,
         default: Any = None,
-        type: Callable[[str], Any] = str,  # noqa: A002
+        type: Callable[[str], Any] = str,
         choices: Sequence[Any] | None = None,
         required: bool = False,
     ) -> argparse.Action:
@@ -52,7 +52,7 @@ class EnvArgumentParser(argparse.ArgumentParser):
             help=f"{help} [env {env}]",
         )
 
-    def add_bool_flag(self, flag: str, *, env: str, help: str, default: bool = False) -> None:  # noqa: A002
+    def add_bool_flag(self, flag: str, *, env: str, help: str, default: bool = False) -> None:
         """Add an on/off flag (``--x`` / ``--no-x``) that also reads ``env`` (true/false)."""
         raw = os.environ.get(env)
         if raw:

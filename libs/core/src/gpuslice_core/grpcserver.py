@@ -1,0 +1,190 @@
+"""gRPC over unix sockets: server lifecycle, the error interceptor, health, graceful stop.
+
+Every gpuslice socket (kubelet registration, DRA, device plugin, enforcer, mig-manager) is served
+by a ``UnixGrpcServer``: it clears a stale socket left by a killed predecessor, binds, registers
+the standard ``grpc.health.v1.Health`` service, maps domain errors to gRPC statuses in one place
+(``ErrorInterceptor``), and on stop marks itself NOT_SERVING, lets in-flight calls finish within a
+grace period and removes its socket files.
+"""
+
+from __future__ import annotations
+
+import signal
+import stat
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent import futures
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from gpuslice_core.errors import GpusliceError
+from gpuslice_core.logging import get_logger
+
+log = get_logger(__name__)
+
+AddServicer = Callable[[Any, grpc.Server], None]
+
+
+def _abort(context: grpc.ServicerContext, method: str, exc: Exception) -> None:
+    if isinstance(exc, GpusliceError):
+        log.info("rpc failed", method=method, code=exc.grpc_code.name, error=str(exc))
+        context.abort(exc.grpc_code, str(exc))
+    log.exception("rpc crashed", method=method)
+    context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+
+
+class ErrorInterceptor(grpc.ServerInterceptor):
+    """Turns ``GpusliceError`` into its status code and anything else into INTERNAL.
+
+    Servicers raise domain errors and never catch them; the caller sees the error's message as
+    the status details. Unexpected exceptions are logged with their traceback.
+    """
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        method: str = handler_call_details.method
+        if handler.unary_unary is not None:
+            inner_uu = handler.unary_unary
+
+            def unary_unary(request: Any, context: grpc.ServicerContext) -> Any:
+                try:
+                    return inner_uu(request, context)
+                except Exception as exc:
+                    _abort(context, method, exc)
+                    raise  # unreachable: abort raises
+
+            return grpc.unary_unary_rpc_method_handler(
+                unary_unary,
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream is not None:
+            inner_us = handler.unary_stream
+
+            def unary_stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+                try:
+                    yield from inner_us(request, context)
+                except Exception as exc:
+                    _abort(context, method, exc)
+                    raise
+
+            return grpc.unary_stream_rpc_method_handler(
+                unary_stream,
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler
+
+
+def remove_stale_socket(path: Path) -> None:
+    """Remove ``path`` if it is a socket; refuse to delete anything else that sits there."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise FileExistsError(f"{path} exists and is not a unix socket; refusing to replace it")
+    path.unlink(missing_ok=True)
+
+
+class UnixGrpcServer:
+    """One gRPC server listening on one or more unix sockets."""
+
+    def __init__(
+        self,
+        sockets: Sequence[Path],
+        *,
+        name: str,
+        max_workers: int = 8,
+        interceptors: Iterable[grpc.ServerInterceptor] = (),
+    ) -> None:
+        if not sockets:
+            raise ValueError("UnixGrpcServer needs at least one socket path")
+        self.sockets = [Path(s) for s in sockets]
+        self.name = name
+        self.health = health.HealthServicer()
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=name),
+            interceptors=[ErrorInterceptor(), *interceptors],
+            options=[("grpc.so_reuseport", 0)],
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        self._services: list[str] = []
+        self._started = False
+
+    def add(self, add_servicer: AddServicer, servicer: Any, service_name: str) -> None:
+        """Register a servicer; ``service_name`` is its full name, reported by health checks."""
+        add_servicer(servicer, self._server)
+        self._services.append(service_name)
+
+    def start(self) -> None:
+        """Bind every socket (replacing stale ones) and start serving."""
+        for path in self.sockets:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            remove_stale_socket(path)
+            if self._server.add_insecure_port(f"unix://{path}") == 0:
+                raise OSError(f"{self.name}: cannot listen on unix socket {path}")
+        self._server.start()
+        self._started = True
+        for service in ["", *self._services]:
+            self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        log.info("grpc server started", server=self.name, sockets=[str(s) for s in self.sockets])
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Stop accepting calls, let in-flight ones finish within ``grace``, remove sockets."""
+        if self._started:
+            self.health.enter_graceful_shutdown()
+            self._server.stop(grace).wait()
+            self._started = False
+        for path in self.sockets:
+            try:
+                remove_stale_socket(path)
+            except FileExistsError:
+                log.warning("socket path replaced by a non-socket; left alone", path=str(path))
+        log.info("grpc server stopped", server=self.name)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the server terminates; True if it did within ``timeout``."""
+        return bool(self._server.wait_for_termination(timeout))
+
+
+def check_health(socket: Path, service: str = "", timeout: float = 2.0) -> bool:
+    """Ask the health service behind ``socket``; True when it answers SERVING.
+
+    Used by probes, so they test the real socket end to end rather than a side port.
+    """
+    with grpc.insecure_channel(f"unix://{socket}") as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+        except grpc.RpcError:
+            return False
+    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+def wait_for_signal(signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT)) -> int:
+    """Block the main thread until one of ``signals`` arrives; return its number."""
+    received: list[int] = []
+    done = threading.Event()
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        received.append(signum)
+        done.set()
+
+    previous = {s: signal.signal(s, handler) for s in signals}
+    try:
+        done.wait()
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    return received[0]

@@ -1,0 +1,86 @@
+"""Prometheus metrics: naming helpers and the HTTP server every service exposes.
+
+Names follow ``gpuslice_<component>_<op>_total{result}`` and
+``gpuslice_<component>_<op>_duration_seconds{result}``; ``OperationMetrics`` creates both for one
+operation and times a block, labelling it ``success`` or the error's type name.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
+
+# Buckets that resolve node-side operations from sub-millisecond gRPC calls to slow MIG changes.
+DURATION_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+)
+
+
+class OperationMetrics:
+    """A ``_total`` counter and a ``_duration_seconds`` histogram for one operation."""
+
+    def __init__(
+        self,
+        component: str,
+        op: str,
+        description: str,
+        registry: CollectorRegistry = REGISTRY,
+    ) -> None:
+        base = f"gpuslice_{component}_{op}"
+        self.total = Counter(
+            f"{base}_total", f"{description}, by result.", ["result"], registry=registry
+        )
+        self.duration = Histogram(
+            f"{base}_duration_seconds",
+            f"Time spent in {description.lower()}, by result.",
+            ["result"],
+            buckets=DURATION_BUCKETS,
+            registry=registry,
+        )
+
+    @contextmanager
+    def time(self) -> Iterator[None]:
+        """Count and time the block; the result label is ``success`` or the error type."""
+        start = time.perf_counter()
+        result = "success"
+        try:
+            yield
+        except BaseException as exc:
+            result = type(exc).__name__
+            raise
+        finally:
+            self.total.labels(result=result).inc()
+            self.duration.labels(result=result).observe(time.perf_counter() - start)
+
+
+def parse_addr(addr: str) -> tuple[str, int]:
+    """Split ``host:port`` (``:9400`` means all interfaces); raise ValueError naming the flag."""
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"--metrics-addr {addr!r} must be HOST:PORT, e.g. :9400 or 127.0.0.1:9400")
+    return host.strip("[]") or "0.0.0.0", int(port)  # noqa: S104 - a node daemon's metrics port
+
+
+def serve(addr: str, registry: CollectorRegistry = REGISTRY) -> WSGIServer:
+    """Serve ``/metrics`` on ``addr`` in a daemon thread; returns the server (``.server_port``)."""
+    host, port = parse_addr(addr)
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    return server

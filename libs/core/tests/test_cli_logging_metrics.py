@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+import io
+import json
+import logging
+import urllib.request
+
+import pytest
+import structlog
+from prometheus_client import CollectorRegistry
+
+from gpuslice_core import logging as gs_logging
+from gpuslice_core.cli import EnvArgumentParser
+from gpuslice_core.metrics import OperationMetrics, parse_addr, serve
+
+
+def test_flag_reads_env_and_command_line_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NODE_NAME", "gpu-node-1")
+    parser = EnvArgumentParser(prog="x")
+    parser.add_flag("--node-name", env="NODE_NAME", help="The node this runs on.")
+    assert parser.parse_args([]).node_name == "gpu-node-1"
+    assert parser.parse_args(["--node-name", "other"]).node_name == "other"
+
+
+def test_env_value_outside_choices_names_the_variable(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("NVML_BACKEND", "mock")
+    parser = EnvArgumentParser(prog="x")
+    with pytest.raises(SystemExit):
+        parser.add_flag("--nvml", env="NVML_BACKEND", help="Backend.", choices=["real", "fake"])
+    assert "NVML_BACKEND='mock' must be one of: real, fake" in capsys.readouterr().err
+
+
+def test_help_names_every_env_var() -> None:
+    parser = EnvArgumentParser(prog="x")
+    parser.add_flag("--state-dir", env="STATE_DIR", help="Where state lives.", default="/var")
+    parser.add_bool_flag("--dynamic-mig", env="DYNAMIC_MIG", help="Create MIG on demand.")
+    text = parser.format_help()
+    assert "[env STATE_DIR]" in text and "[env DYNAMIC_MIG]" in text
+
+
+def test_logs_are_one_json_shape_for_ours_and_stdlib() -> None:
+    out = io.StringIO()
+    gs_logging.configure(component="test", stream=out)
+    structlog.contextvars.bind_contextvars(claim="uid-1")
+    gs_logging.get_logger("gpuslice.x").info("prepared", device="gpu-0")
+    logging.getLogger("grpc.foreign").warning("channel closed")
+    structlog.contextvars.clear_contextvars()
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert lines[0]["event"] == "prepared" and lines[0]["device"] == "gpu-0"
+    assert lines[0]["claim"] == "uid-1" and lines[0]["component"] == "test"
+    assert lines[1]["event"] == "channel closed" and lines[1]["level"] == "warning"
+    assert {"timestamp", "level", "logger"} <= lines[1].keys()
+
+
+def test_bad_log_level_names_the_choices() -> None:
+    with pytest.raises(ValueError, match="debug, info, warning, error"):
+        gs_logging.configure(component="t", level="verbose")
+
+
+def test_operation_metrics_label_results_and_are_served() -> None:
+    registry = CollectorRegistry()
+    prepare = OperationMetrics("kubeletplugin", "prepare", "Claims prepared", registry=registry)
+    with prepare.time():
+        pass
+    with pytest.raises(KeyError), prepare.time():
+        raise KeyError("x")
+    server = serve("127.0.0.1:0", registry=registry)
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/metrics"
+        body = urllib.request.urlopen(url, timeout=5).read().decode()
+    finally:
+        server.shutdown()
+    assert 'gpuslice_kubeletplugin_prepare_total{result="success"} 1.0' in body
+    assert 'gpuslice_kubeletplugin_prepare_total{result="KeyError"} 1.0' in body
+    assert "gpuslice_kubeletplugin_prepare_duration_seconds_bucket" in body
+
+
+@pytest.mark.parametrize("addr", ["9400", "host:port", ":99999"])
+def test_bad_metrics_addr_is_refused(addr: str) -> None:
+    with pytest.raises(ValueError, match="--metrics-addr"):
+        parse_addr(addr)

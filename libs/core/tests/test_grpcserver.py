@@ -1,0 +1,153 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from gpuslice_core.errors import FailedPreconditionError, ResourceExhaustedError
+from gpuslice_core.grpcserver import UnixGrpcServer, check_health, remove_stale_socket
+
+SERVICE = "test.Probe"
+
+
+def _handlers(entered: threading.Event, release: threading.Event) -> grpc.GenericRpcHandler:
+    def fail(request: bytes, context: grpc.ServicerContext) -> bytes:
+        kind = request.decode()
+        if kind == "busy":
+            raise FailedPreconditionError("GPU-1 is in use by pid 42")
+        if kind == "full":
+            raise ResourceExhaustedError("no 1g.10gb placement left on GPU-1")
+        if kind == "slow":
+            entered.set()
+            release.wait(5)
+            return b"finished"
+        return {"crash": b""}[kind]  # KeyError for anything else: an unexpected bug
+
+    def count(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
+        yield b"1"
+        raise FailedPreconditionError("stream interrupted")
+
+    return grpc.method_handlers_generic_handler(
+        SERVICE,
+        {
+            "Fail": grpc.unary_unary_rpc_method_handler(fail),
+            "Count": grpc.unary_stream_rpc_method_handler(count),
+        },
+    )
+
+
+class Running:
+    def __init__(self, tmp_path: Path) -> None:
+        self.socket = tmp_path / "plugins" / "probe.sock"
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.server = UnixGrpcServer([self.socket], name="probe")
+
+        def add(handler: Any, server: grpc.Server) -> None:
+            server.add_generic_rpc_handlers((handler,))
+
+        self.server.add(add, _handlers(self.entered, self.release), SERVICE)
+
+    def call(self, method: str, payload: bytes, timeout: float = 5) -> Any:
+        with grpc.insecure_channel(f"unix://{self.socket}") as typed_channel:
+            channel: Any = typed_channel  # raw bytes methods: no generated stub to type them
+            if method == "Count":
+                return list(channel.unary_stream(f"/{SERVICE}/Count")(payload, timeout=timeout))
+            return channel.unary_unary(f"/{SERVICE}/{method}")(payload, timeout=timeout)
+
+
+@pytest.fixture
+def running(tmp_path: Path) -> Iterator[Running]:
+    r = Running(tmp_path)
+    r.server.start()
+    yield r
+    r.release.set()
+    r.server.stop(grace=1)
+
+
+@pytest.mark.parametrize(
+    ("kind", "code", "details"),
+    [
+        ("busy", grpc.StatusCode.FAILED_PRECONDITION, "GPU-1 is in use by pid 42"),
+        ("full", grpc.StatusCode.RESOURCE_EXHAUSTED, "no 1g.10gb placement left on GPU-1"),
+        ("bug", grpc.StatusCode.INTERNAL, "internal error: KeyError: 'bug'"),
+    ],
+)
+def test_domain_errors_become_status_codes(
+    running: Running, kind: str, code: grpc.StatusCode, details: str
+) -> None:
+    with pytest.raises(grpc.RpcError) as info:
+        running.call("Fail", kind.encode())
+    assert info.value.code() == code
+    assert info.value.details() == details
+
+
+def test_stream_errors_become_status_codes(running: Running) -> None:
+    with pytest.raises(grpc.RpcError) as info:
+        running.call("Count", b"")
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_health_reports_serving_per_service(running: Running) -> None:
+    assert check_health(running.socket)
+    assert check_health(running.socket, SERVICE)
+    assert not check_health(running.socket, "no.Such")
+
+
+def test_stop_finishes_in_flight_calls_and_removes_the_socket(running: Running) -> None:
+    result: list[bytes] = []
+    caller = threading.Thread(target=lambda: result.append(running.call("Fail", b"slow")))
+    caller.start()
+    assert running.entered.wait(5)
+    stopper = threading.Thread(target=running.server.stop, kwargs={"grace": 5})
+    stopper.start()
+    running.release.set()
+    caller.join(5)
+    stopper.join(5)
+    assert result == [b"finished"]
+    assert not running.socket.exists()
+    assert not check_health(running.socket, timeout=0.5)
+
+
+KILLED_SERVER = """
+import sys, time
+from pathlib import Path
+from gpuslice_core.grpcserver import UnixGrpcServer
+server = UnixGrpcServer([Path(sys.argv[1])], name="doomed")
+server.start()
+print("ready", file=sys.stderr, flush=True)
+time.sleep(60)
+"""
+
+
+def test_stale_socket_of_a_killed_server_is_replaced(tmp_path: Path) -> None:
+    first = Running(tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_SERVER, str(first.socket)], stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stderr is not None and proc.stderr.readline().strip() == "ready"
+    finally:
+        proc.kill()  # SIGKILL: no chance to clean up
+        proc.wait(5)
+    assert first.socket.is_socket(), "a killed server leaves its socket behind"
+    assert not check_health(first.socket, timeout=0.5)
+    first.server.start()
+    try:
+        assert check_health(first.socket)
+    finally:
+        first.server.stop(grace=0)
+
+
+def test_a_regular_file_at_the_socket_path_is_never_deleted(tmp_path: Path) -> None:
+    path = tmp_path / "important.sock"
+    path.write_text("not a socket")
+    with pytest.raises(FileExistsError, match="is not a unix socket"):
+        remove_stale_socket(path)
+    assert path.read_text() == "not a socket"

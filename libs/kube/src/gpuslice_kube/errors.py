@@ -1,0 +1,124 @@
+"""Kubernetes API failures as gpuslice errors.
+
+The kubernetes client raises ``ApiException`` (HTTP status + a ``Status`` body) and urllib3 raises
+connection errors. ``from_api_exception`` turns both into the shared taxonomy so callers decide by
+type: ``TransientError`` is retried with backoff; ``ConflictError`` means re-read and try again;
+everything else is permanent and carries the API server's own message.
+"""
+
+from __future__ import annotations
+
+import json
+
+import urllib3
+from kubernetes.client.exceptions import ApiException
+
+from gpuslice_core.errors import (
+    AlreadyExistsError,
+    FailedPreconditionError,
+    GpusliceError,
+    InvalidArgumentError,
+    NotFoundError,
+    TransientError,
+)
+
+TRANSIENT_STATUSES = frozenset({0, 408, 429, 500, 502, 503, 504})
+
+
+class KubeError(GpusliceError):
+    """Mixin carried by every API failure: the HTTP status and the server's reason."""
+
+    status: int = 0
+    reason: str = ""
+    retry_after: float | None = None
+
+
+class KubeNotFoundError(KubeError, NotFoundError):
+    """404: the object does not exist."""
+
+
+class KubeAlreadyExistsError(KubeError, AlreadyExistsError):
+    """409 AlreadyExists on create."""
+
+
+class ConflictError(KubeError, FailedPreconditionError):
+    """409 Conflict: the object changed since it was read; re-read and retry."""
+
+
+class GoneError(KubeError, FailedPreconditionError):
+    """410 Gone: a watch or list continuation is too old; list again."""
+
+
+class KubeInvalidError(KubeError, InvalidArgumentError):
+    """400/422: the API server refused the object; the message says which field and why."""
+
+
+class KubeForbiddenError(KubeError):
+    """401/403: the credentials are missing or lack RBAC permission."""
+
+
+class KubeTransientError(KubeError, TransientError):
+    """429, 5xx, timeouts and connection failures: retry with backoff."""
+
+
+def _status_message(body: str | bytes | None) -> tuple[str, str]:
+    if not body:
+        return "", ""
+    try:
+        status = json.loads(body)
+    except ValueError:
+        text = body.decode() if isinstance(body, bytes) else body
+        return text.strip()[:500], ""
+    if not isinstance(status, dict):
+        return str(status)[:500], ""
+    return str(status.get("message", "")), str(status.get("reason", ""))
+
+
+def from_status(
+    status: int, body: str | bytes | None, *, headers: dict[str, str] | None = None, what: str = ""
+) -> KubeError:
+    """Build the error for an HTTP ``status`` with a Kubernetes ``Status`` ``body``."""
+    message, reason = _status_message(body)
+    text = f"{what}: " if what else ""
+    text += message or f"HTTP {status}"
+    cls: type[KubeError]
+    if status == 404:
+        cls = KubeNotFoundError
+    elif status == 409 and reason == "AlreadyExists":
+        cls = KubeAlreadyExistsError
+    elif status == 409:
+        cls = ConflictError
+    elif status == 410:
+        cls = GoneError
+    elif status in (400, 422):
+        cls = KubeInvalidError
+    elif status in (401, 403):
+        cls = KubeForbiddenError
+    elif status in TRANSIENT_STATUSES or status >= 500:
+        cls = KubeTransientError
+    else:
+        cls = KubeError
+    err = cls(text)
+    err.status = status
+    err.reason = reason
+    retry_after = (headers or {}).get("Retry-After")
+    if retry_after and retry_after.isdigit():
+        err.retry_after = float(retry_after)
+    return err
+
+
+def from_exception(exc: BaseException, *, what: str = "") -> KubeError:
+    """Translate a client or transport exception; the original is kept as ``__cause__``."""
+    if isinstance(exc, KubeError):
+        return exc
+    if isinstance(exc, ApiException):
+        headers = dict(exc.headers or {})
+        err = from_status(int(exc.status or 0), exc.body, headers=headers, what=what)
+        if not err.args[0].strip(": ") and exc.reason:
+            err = type(err)(f"{what}: {exc.reason}" if what else str(exc.reason))
+    elif isinstance(exc, urllib3.exceptions.HTTPError | ConnectionError | TimeoutError):
+        err = KubeTransientError(f"{what}: {type(exc).__name__}: {exc}" if what else str(exc))
+    else:
+        raise TypeError(f"not a Kubernetes API failure: {exc!r}") from exc
+    err.__cause__ = exc
+    return err

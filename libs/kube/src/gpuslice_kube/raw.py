@@ -1,0 +1,227 @@
+"""Raw-JSON access to any Kubernetes resource path.
+
+Why raw: the typed models of kubernetes 37 cost 8-12x plain JSON to deserialize, and their
+``watch`` cannot stream DRA claims at all (it looks up a model class that does not exist). A path
+such as ``/apis/resource.k8s.io/v1/resourceslices`` also makes API-version fallback a string
+choice instead of a different generated class. Objects are plain dicts; the API server validates
+what we write and its message comes back in the error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import urllib3
+from kubernetes.client import ApiClient
+
+from gpuslice_kube import retry
+from gpuslice_kube.errors import from_exception, from_status
+
+Obj = dict[str, Any]
+
+JSON = "application/json"
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_PATCH = "application/strategic-merge-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """One event of a watch stream: ADDED, MODIFIED, DELETED, BOOKMARK or ERROR."""
+
+    type: str
+    object: Obj
+
+
+def resource_path(
+    group_version: str, plural: str, *, namespace: str | None = None, name: str | None = None
+) -> str:
+    """The URL path of a collection or object.
+
+    ``("resource.k8s.io/v1", "resourceslices")`` → ``/apis/resource.k8s.io/v1/resourceslices``.
+    """
+    base = "/api/v1" if group_version == "v1" else f"/apis/{group_version}"
+    if namespace is not None:
+        base += f"/namespaces/{quote(namespace, safe='')}"
+    base += f"/{plural}"
+    if name is not None:
+        base += f"/{quote(name, safe='')}"
+    return base
+
+
+class RawApi:
+    """GET/LIST/WATCH/CREATE/UPDATE/PATCH/DELETE on resource paths, with retries on transient
+    failures and gpuslice errors (with the API server's message) on everything else."""
+
+    def __init__(self, api_client: ApiClient, *, deadline: float = 60.0) -> None:
+        self.api_client = api_client
+        self.deadline = deadline
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = JSON,
+        timeout: float | tuple[float, float] | None = 30.0,
+        stream: bool = False,
+    ) -> Any:
+        headers = {"Accept": JSON, "Content-Type": content_type}
+        params = [(k, v) for k, v in (query or {}).items() if v is not None]
+        _method, url, header_params, serialized, _post = self.api_client.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=params,
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        what = f"{method} {path}"
+        try:
+            response = self.api_client.call_api(
+                method,
+                url,
+                header_params=header_params,
+                body=serialized,
+                _request_timeout=timeout,
+            )
+        except Exception as exc:  # client/transport failures: classify, keep the cause
+            raise from_exception(exc, what=what) from exc
+        if not 200 <= response.status <= 299:
+            data = response.read()
+            raise from_status(response.status, data, headers=dict(response.headers), what=what)
+        if stream:
+            return response.response
+        data = response.read()
+        return json.loads(data) if data else {}
+
+    def _call(self, *args: Any, **kwargs: Any) -> Any:
+        return retry.call(self._request, *args, deadline=self.deadline, **kwargs)
+
+    def get(self, path: str) -> Obj:
+        result: Obj = self._call("GET", path)
+        return result
+
+    def list(
+        self,
+        path: str,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        limit: int | None = 500,
+    ) -> Obj:
+        """List all pages; returns ``{"items": [...], "metadata": {"resourceVersion": ...}}``."""
+        items: list[Obj] = []
+        token: str | None = None
+        while True:
+            page: Obj = self._call(
+                "GET",
+                path,
+                query={
+                    "labelSelector": label_selector,
+                    "fieldSelector": field_selector,
+                    "limit": limit,
+                    "continue": token,
+                },
+            )
+            items.extend(page.get("items") or [])
+            meta = page.get("metadata") or {}
+            token = meta.get("continue")
+            if not token:
+                return {
+                    "items": items,
+                    "metadata": {"resourceVersion": meta.get("resourceVersion")},
+                }
+
+    def create(self, path: str, obj: Obj) -> Obj:
+        result: Obj = self._call("POST", path, body=obj)
+        return result
+
+    def replace(self, path: str, obj: Obj) -> Obj:
+        result: Obj = self._call("PUT", path, body=obj)
+        return result
+
+    def patch(self, path: str, patch: Obj, *, content_type: str = MERGE_PATCH) -> Obj:
+        result: Obj = self._call("PATCH", path, body=patch, content_type=content_type)
+        return result
+
+    def delete(self, path: str, *, precondition_uid: str | None = None) -> Obj:
+        body = {"preconditions": {"uid": precondition_uid}} if precondition_uid else None
+        result: Obj = self._call("DELETE", path, body=body)
+        return result
+
+    def watch(
+        self,
+        path: str,
+        *,
+        resource_version: str | None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        timeout_seconds: int = 300,
+    ) -> WatchStream:
+        """Open a watch of events after ``resource_version``; iterate it, ``close()`` to stop."""
+        response: urllib3.BaseHTTPResponse = self._call(
+            "GET",
+            path,
+            query={
+                "watch": "true",
+                "allowWatchBookmarks": "true",
+                "resourceVersion": resource_version,
+                "labelSelector": label_selector,
+                "fieldSelector": field_selector,
+                "timeoutSeconds": timeout_seconds,
+            },
+            timeout=(10.0, timeout_seconds + 30.0),
+            stream=True,
+        )
+        return WatchStream(path, response)
+
+
+class WatchStream:
+    """An open watch: yields ``WatchEvent`` until the server ends it or ``close()`` is called.
+
+    Iteration raises ``GoneError`` when the resource version is too old (list again) and the
+    mapped error for any other ERROR event.
+    """
+
+    def __init__(self, path: str, response: urllib3.BaseHTTPResponse) -> None:
+        self.path = path
+        self._response = response
+        self._closed = False
+
+    def __iter__(self) -> Iterator[WatchEvent]:
+        try:
+            for line in self._response:  # urllib3 responses iterate line by line
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                if event.get("type") == "ERROR":
+                    status = event.get("object") or {}
+                    raise from_status(
+                        int(status.get("code") or 0), json.dumps(status), what=f"WATCH {self.path}"
+                    )
+                yield WatchEvent(type=event["type"], object=event["object"])
+        except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+            if self._closed:
+                return
+            raise from_exception(
+                exc if not isinstance(exc, ValueError) else ConnectionError(str(exc)),
+                what=f"WATCH {self.path}",
+            ) from exc
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """End the watch from any thread; a blocked iteration returns."""
+        if not self._closed:
+            self._closed = True
+            with contextlib.suppress(RuntimeError):  # already released to the pool
+                self._response.shutdown()  # unblocks a reader stuck in a socket read
+            self._response.release_conn()

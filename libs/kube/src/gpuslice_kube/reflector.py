@@ -1,0 +1,141 @@
+"""A reflector: keep a local copy of a collection in sync by list, then watch.
+
+It is the part of client-go's informer that our services need: list, watch from the listed
+resourceVersion with bookmarks, list again when the version expires (410) or the watch fails,
+and hand every change to a callback. A relist is diffed against the cache, so an object deleted
+while the watch was down is still reported as DELETED.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from gpuslice_core.errors import GpusliceError
+from gpuslice_core.logging import get_logger
+from gpuslice_kube.errors import GoneError
+from gpuslice_kube.raw import Obj, RawApi, WatchStream
+
+log = get_logger(__name__)
+
+Handler = Callable[[str, Obj], None]
+
+
+def object_key(obj: Obj) -> str:
+    """``namespace/name`` (or ``name`` for cluster-scoped objects)."""
+    meta = obj.get("metadata") or {}
+    ns = meta.get("namespace")
+    return f"{ns}/{meta['name']}" if ns else str(meta["name"])
+
+
+class Reflector:
+    """Mirror ``path`` (filtered by selectors) into ``self.cache`` and report each change.
+
+    ``handler(event_type, obj)`` is called from the reflector's thread with ADDED, MODIFIED or
+    DELETED; exceptions it raises are logged and do not stop the reflector.
+    """
+
+    def __init__(
+        self,
+        raw: RawApi,
+        path: str,
+        handler: Handler,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        watch_timeout: int = 300,
+        backoff_initial: float = 0.5,
+        backoff_max: float = 30.0,
+    ) -> None:
+        self.raw = raw
+        self.path = path
+        self.handler = handler
+        self.label_selector = label_selector
+        self.field_selector = field_selector
+        self.watch_timeout = watch_timeout
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.cache: dict[str, Obj] = {}
+        self.synced = threading.Event()
+        self._stop = threading.Event()
+        self._stream: WatchStream | None = None
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run, name=f"reflector{self.path}", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        with self._lock:
+            if self._stream is not None:
+                self._stream.close()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def run(self) -> None:
+        delay = self.backoff_initial
+        while not self._stop.is_set():
+            try:
+                version = self._relist()
+                delay = self.backoff_initial
+                self._watch(version)
+            except GoneError:
+                log.info("watch expired; listing again", path=self.path)
+            except GpusliceError as exc:
+                log.warning("list/watch failed", path=self.path, error=str(exc), retry_in_s=delay)
+                if self._stop.wait(delay):
+                    return
+                delay = min(delay * 2, self.backoff_max)
+
+    def _emit(self, event_type: str, obj: Obj) -> None:
+        try:
+            self.handler(event_type, obj)
+        except Exception:
+            log.exception("reflector handler failed", path=self.path, event_type=event_type)
+
+    def _relist(self) -> str:
+        listing = self.raw.list(
+            self.path, label_selector=self.label_selector, field_selector=self.field_selector
+        )
+        fresh = {object_key(o): o for o in listing["items"]}
+        for key in set(self.cache) - set(fresh):
+            self._emit("DELETED", self.cache.pop(key))
+        for key, obj in fresh.items():
+            old = self.cache.get(key)
+            self.cache[key] = obj
+            if old is None:
+                self._emit("ADDED", obj)
+            elif old["metadata"].get("resourceVersion") != obj["metadata"].get("resourceVersion"):
+                self._emit("MODIFIED", obj)
+        self.synced.set()
+        return str(listing["metadata"]["resourceVersion"])
+
+    def _watch(self, version: str) -> None:
+        while not self._stop.is_set():
+            stream = self.raw.watch(
+                self.path,
+                resource_version=version,
+                label_selector=self.label_selector,
+                field_selector=self.field_selector,
+                timeout_seconds=self.watch_timeout,
+            )
+            with self._lock:
+                if self._stop.is_set():
+                    stream.close()
+                    return
+                self._stream = stream
+            for event in stream:
+                obj = event.object
+                version = str(obj.get("metadata", {}).get("resourceVersion") or version)
+                if event.type == "BOOKMARK":
+                    continue
+                key = object_key(obj)
+                if event.type == "DELETED":
+                    self.cache.pop(key, None)
+                else:
+                    self.cache[key] = obj
+                self._emit(event.type, obj)
+            with self._lock:
+                self._stream = None
