@@ -1,0 +1,59 @@
+"""Durable file writes shared by the checkpoint store and the CDI spec writer.
+
+``atomic_write_bytes`` is the one way gpuslice replaces a file that a crash must not tear: temp
+file in the same directory, write, flush, fsync, ``os.replace``, fsync the directory.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from pydantic import ValidationError
+
+TEMP_SUFFIX = ".tmp"
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    """Render a pydantic error as ``loc: message; ...`` for one-line error messages."""
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "<root>"
+        parts.append(f"{loc}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename or unlink in ``directory`` durable."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def temp_files_for(path: Path) -> list[Path]:
+    """Temp files that :func:`atomic_write_bytes` left next to ``path`` (after a crash)."""
+    return sorted(path.parent.glob(f".{path.name}.*{TEMP_SUFFIX}"))
+
+
+def atomic_write_bytes(path: Path, data: bytes, *, mode: int = 0o600) -> None:
+    """Replace ``path`` with ``data`` so that readers see the old or new content, never a mix.
+
+    Temp file in the same directory -> write -> flush -> fsync -> ``os.replace`` -> fsync the
+    directory. On any failure the temp file is removed and ``path`` is unchanged.
+    """
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), mode)
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
