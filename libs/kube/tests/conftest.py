@@ -7,6 +7,7 @@ kube-apiserver live in e2e/.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections.abc import Callable, Iterator
@@ -44,10 +45,9 @@ class ScriptedServer:
                 pass
 
             def _serve(self) -> None:
-                try:
+                # the client may close a watch before the server is done with it
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                     self._answer()
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client closed the watch first, as it may
 
             def _answer(self) -> None:
                 parts = urlsplit(self.path)

@@ -1,0 +1,62 @@
+"""Check the import contracts of the workspace with import-linter.
+
+The contracts are derived from the workspace itself, so a new service is covered the moment it
+exists: every package under services/ sits in the top layer and may import nothing of another
+service; libs sit below and may never import a service; among the libs, nvml and kube may use
+core, and core and the generated protos use no other gpuslice package.
+
+Usage: .venv/bin/python hack/check_imports.py   (exit status of lint-imports)
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LIB_LAYERS = ["gpuslice_nvml | gpuslice_kube", "gpuslice_core | gpuslice_protos"]
+
+
+def member_packages(kind: str) -> list[str]:
+    """Top-level import packages of the workspace members under ``kind``/ (libs or services)."""
+    packages = []
+    for pyproject in sorted((ROOT / kind).glob("*/pyproject.toml")):
+        name = tomllib.loads(pyproject.read_text())["project"]["name"]
+        packages.append(name.replace("-", "_"))
+    return packages
+
+
+def contracts() -> str:
+    services = member_packages("services")
+    libs = member_packages("libs")
+    layers = ([" | ".join(services)] if services else []) + LIB_LAYERS
+    in_layers = {p.strip() for layer in layers for p in layer.split("|")}
+    missing = sorted(set(libs) - in_layers)
+    if missing:
+        sys.exit(f"hack/check_imports.py: libs {missing} are in no layer; add them to LIB_LAYERS")
+    indented = "\n".join(f"    {layer}" for layer in layers)
+    return (
+        "[importlinter]\n"
+        "root_packages =\n" + "".join(f"    {p}\n" for p in [*services, *libs]) + "\n"
+        "[importlinter:contract:layers]\n"
+        "name = services over libs; services never import each other; libs never import services\n"
+        "type = layers\n"
+        f"layers =\n{indented}\n"
+    )
+
+
+def main() -> int:
+    config = contracts()
+    print(config)
+    with tempfile.NamedTemporaryFile("w", suffix=".ini", prefix="importlinter-") as f:
+        f.write(config)
+        f.flush()
+        lint = Path(sys.executable).parent / "lint-imports"
+        return subprocess.call([str(lint), "--config", f.name, "--no-cache", "--no-logo"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

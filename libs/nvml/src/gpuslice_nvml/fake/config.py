@@ -1,0 +1,215 @@
+"""The fake node's YAML config, decoded strictly.
+
+Unknown keys, duplicate keys and wrongly typed values are errors that name the key
+(``gpus[1].migEnabld: unknown key; allowed: ...``). This module checks the shape of the file;
+``gpuslice_nvml.fake.node`` checks what needs the catalog (models, MIG profiles, layouts).
+See docs/nvml.md for the format.
+"""
+
+from __future__ import annotations
+
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.alias_generators import to_camel
+
+from gpuslice_core.errors import InvalidArgumentError
+
+DEFAULT_DRIVER_VERSION = "570.158.01"
+DEFAULT_CUDA_DRIVER_VERSION = "12.8"
+MAX_GPUS = 16
+
+
+class FakeConfigError(InvalidArgumentError):
+    """The fake NVML config file is malformed; the message names the file and the key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        alias_generator=to_camel,
+        validate_by_alias=True,
+        validate_by_name=False,
+        frozen=True,
+        strict=True,
+    )
+
+
+class MigInstanceConfig(_Strict):
+    """A GPU instance that exists when the fake node starts."""
+
+    #: GPU-instance profile name of the GPU's model, e.g. "3g.40gb".
+    profile: str
+    #: Start of the placement in memory slices; the driver's choice when omitted.
+    placement: Annotated[int, Field(ge=0)] | None = None
+    #: Instances of this profile to create (must be 1 with ``placement``).
+    count: Annotated[int, Field(ge=1, le=8)] = 1
+    #: Compute-instance profiles to create inside; default: one spanning the instance.
+    compute_instances: list[str] | None = None
+
+
+class GpuConfig(_Strict):
+    """One GPU, or ``count`` identical ones."""
+
+    model: str
+    count: Annotated[int, Field(ge=1, le=MAX_GPUS)] = 1
+    uuid: (
+        Annotated[str, Field(pattern=r"^GPU-[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}$")] | None
+    ) = None
+    pci_bus_id: (
+        Annotated[str, Field(pattern=r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")] | None
+    ) = None
+    pcie_root: Annotated[str, Field(pattern=r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")] | None = None
+    numa_node: Annotated[int, Field(ge=0, le=63)] | None = None
+    mig_enabled: bool = False
+    mig_instances: list[MigInstanceConfig] = []
+
+
+class NvlinkGroupConfig(_Strict):
+    """GPUs connected all-to-all (through NVSwitch or direct links), ``links`` per pair."""
+
+    #: GPU indices; all NVLink-capable GPUs when omitted.
+    gpus: list[Annotated[int, Field(ge=0)]] | None = None
+    links: Annotated[int, Field(ge=1, le=18)]
+
+
+class TopologyConfig(_Strict):
+    #: NVLink domains; none means every GPU pair talks over PCIe.
+    nvlink: list[NvlinkGroupConfig] = []
+
+
+class FakeNodeConfig(_Strict):
+    """The whole file."""
+
+    #: Seeds the GPU UUIDs: give every fake node its own name.
+    name: Annotated[str, Field(min_length=1, max_length=253)] = "fake-node"
+    driver_version: str = DEFAULT_DRIVER_VERSION
+    cuda_driver_version: str = DEFAULT_CUDA_DRIVER_VERSION
+    #: The shared state file; relative paths are relative to the config file.
+    state_path: str | None = None
+    gpus: Annotated[list[GpuConfig], Field(min_length=1)]
+    topology: TopologyConfig = TopologyConfig()
+
+    @field_validator("driver_version", "cuda_driver_version", mode="before")
+    @classmethod
+    def _version_is_string(cls, value: object) -> object:
+        if isinstance(value, int | float):
+            raise ValueError(f'quote the version ("{value}"); YAML read it as a number')
+        return value
+
+    @field_validator("driver_version")
+    @classmethod
+    def _driver_version(cls, value: str) -> str:
+        if not re.fullmatch(r"\d+\.\d+(\.\d+)?", value):
+            raise ValueError(f"{value!r} is not a driver version like 570.158.01")
+        return value
+
+    @field_validator("cuda_driver_version")
+    @classmethod
+    def _cuda_version(cls, value: str) -> str:
+        if not re.fullmatch(r"\d+\.\d+", value):
+            raise ValueError(f"{value!r} is not a CUDA version like 12.8")
+        return value
+
+    @property
+    def cuda_driver_version_int(self) -> int:
+        """NVML's encoding: 12.8 -> 12080."""
+        major, minor = (int(x) for x in self.cuda_driver_version.split("."))
+        return major * 1000 + minor * 10
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A SafeLoader that refuses duplicate mapping keys instead of keeping the last."""
+
+
+def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
+        seen.add(key)
+    return loader.construct_mapping(node, deep=True)
+
+
+_UniqueKeyLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+    _construct_mapping,
+)
+
+
+def parse_config(text: str, *, source: str = "<config>") -> FakeNodeConfig:
+    """Decode YAML text into a :class:`FakeNodeConfig` or raise :class:`FakeConfigError`."""
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        raise FakeConfigError(f"{source}: invalid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise FakeConfigError(f"{source}: the top level must be a mapping with a 'gpus' key")
+    try:
+        return FakeNodeConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(_describe(err) for err in exc.errors())
+        raise FakeConfigError(f"{source}: {problems}") from exc
+
+
+def load_config_file(path: str | Path) -> FakeNodeConfig:
+    """Read and decode a config file (``FakeConfigError`` if it is missing or malformed)."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise FakeConfigError(f"cannot read fake NVML config {file}: {exc.strerror}") from exc
+    return parse_config(text, source=str(file))
+
+
+def key_path(loc: tuple[int | str, ...]) -> str:
+    """``('gpus', 1, 'model')`` -> ``gpus[1].model``."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "<top level>"
+
+
+def _describe(err: Any) -> str:
+    loc = tuple(err["loc"])
+    if err["type"] == "extra_forbidden":
+        allowed = ", ".join(_allowed_keys(loc[:-1]))
+        return f"{key_path(loc)}: unknown key; allowed keys here: {allowed}"
+    if err["type"] == "missing":
+        return f"{key_path(loc)}: required key is missing"
+    message = str(err["msg"]).removeprefix("Value error, ")
+    return f"{key_path(loc)}: {message} (got {err.get('input')!r})"
+
+
+def _allowed_keys(loc: tuple[int | str, ...]) -> list[str]:
+    """The keys the model at ``loc`` accepts (walking lists and optionals)."""
+    model: type[BaseModel] = FakeNodeConfig
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = next((f for f in model.model_fields.values() if f.alias == part), None)
+        inner = _model_in(field.annotation) if field is not None else None
+        if inner is None:
+            return []
+        model = inner
+    return sorted(f.alias or name for name, f in model.model_fields.items())
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    origin = typing.get_origin(annotation)
+    if origin in (list, typing.Union, types.UnionType, typing.Annotated):
+        for arg in typing.get_args(annotation):
+            found = _model_in(arg)
+            if found is not None:
+                return found
+    return None
