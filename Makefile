@@ -4,7 +4,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
-.PHONY: all setup demo test lint typecheck imports proto proto-check unit clean
+.PHONY: all setup demo test lint typecheck imports proto proto-check unit clean \
+	kube-binaries cluster-up cluster-down cluster-status
 
 all: test
 
@@ -35,8 +36,21 @@ proto: setup
 proto-check: setup
 	$(PY) hack/gen_protos.py --check
 
-unit: setup
+unit: setup kube-binaries
 	$(BIN)/pytest -q
+
+# The sandbox's Kubernetes binaries, built once from their Go modules into ~/.cache/gpuslice/kube.
+kube-binaries:
+	bash hack/kube-binaries.sh
+
+cluster-up: setup kube-binaries
+	$(PY) -m e2e.sandbox.controlplane up
+
+cluster-down: setup
+	$(PY) -m e2e.sandbox.controlplane down
+
+cluster-status: setup
+	$(PY) -m e2e.sandbox.controlplane status
 
 clean:
 	rm -rf $(VENV) .tools .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,1 @@
+"""End-to-end suites for gpuslice (the node sandbox on a real Kubernetes control plane)."""

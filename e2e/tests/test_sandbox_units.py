@@ -1,0 +1,134 @@
+"""Parts of the sandbox that need no Kubernetes binaries: certificates, flag detection,
+the missing-binaries message, process and port bookkeeping."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+
+from e2e.sandbox import flags, procs
+from e2e.sandbox.binaries import SCRIPT, BinariesMissingError, find_binaries, pinned_versions
+from e2e.sandbox.certs import TinyCA, service_account_key
+
+
+def test_pinned_versions_come_from_versions_env() -> None:
+    pins = pinned_versions()
+    assert pins["KUBE_VERSION"].startswith("v1.")
+    assert pins["ETCD_VERSION"].startswith("v3.")
+
+
+def test_missing_binaries_fail_with_how_to_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPUSLICE_KUBE_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.delenv("KUBEBUILDER_ASSETS", raising=False)
+    monkeypatch.delenv("GPUSLICE_KUBE_BIN_DIR", raising=False)
+    with pytest.raises(BinariesMissingError) as err:
+        find_binaries()
+    assert "make kube-binaries" in str(err.value)
+    assert "hack/kube-binaries.sh" in str(err.value)
+
+
+def test_incomplete_kubebuilder_assets_are_not_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assets = tmp_path / "assets"
+    assets.mkdir()
+    for name in ("etcd", "kube-apiserver", "kubectl"):  # what setup-envtest ships: no kcm
+        (assets / name).write_text("#!/bin/sh\n")
+        (assets / name).chmod(0o755)
+    env = {**os.environ, "KUBEBUILDER_ASSETS": str(assets), "GPUSLICE_KUBE_CACHE": str(tmp_path)}
+    out = subprocess.run(
+        ["bash", str(SCRIPT), "--print-dir"], env=env, capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 1
+    assert "lacks: kube-controller-manager kube-scheduler" in out.stderr
+
+
+def test_certificates_have_loopback_sans_and_groups(tmp_path: Path) -> None:
+    ca = TinyCA(tmp_path)
+    serving = x509.load_pem_x509_certificate(ca.serving("srv").cert.read_bytes())
+    sans = serving.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "localhost" in sans.get_values_for_type(x509.DNSName)
+    assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    admin = x509.load_pem_x509_certificate(
+        ca.client("admin", "sandbox-admin", ("system:masters",)).cert.read_bytes()
+    )
+    orgs = [a.value for a in admin.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)]
+    assert orgs == ["system:masters"]
+    assert admin.issuer == x509.load_pem_x509_certificate(ca.cert_pem).subject
+    sa = service_account_key(tmp_path)
+    assert b"PUBLIC KEY" in sa.cert.read_bytes()
+    assert oct(sa.key.stat().st_mode & 0o777) == "0o600"
+
+
+HELP = """
+      --feature-gates colonSeparatedMultimapStringString
+                Comma-separated list of component:key=value pairs that describe feature gates
+                for alpha/experimental features. Options are:
+                kube:AllAlpha=true|false (ALPHA - default=false)
+                kube:DRAConsumableCapacity=true|false (BETA - default=true)
+                kube:DRADeviceBindingConditions=true|false (BETA - default=true)
+                kube:DRAPartitionableDevices=true|false (ALPHA - default=false)
+                SomeOldGate=true|false (DEPRECATED - default=false)
+"""
+
+
+def test_gate_detection_sets_only_listed_gates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    binary = tmp_path / "fake-apiserver"
+    binary.write_text(f"#!/bin/sh\ncat <<'EOF'\n{HELP}\nEOF\n")
+    binary.chmod(0o755)
+    listed = flags.listed_gates(binary)
+    assert listed["DRAPartitionableDevices"] == flags.Gate(
+        "DRAPartitionableDevices", "ALPHA", False
+    )
+    assert "SomeOldGate" in listed
+    gates = flags.dra_gates(binary)
+    # GA gates (hidden from --help) and gates the release lacks are never passed
+    assert gates == {"DRAConsumableCapacity": True, "DRAPartitionableDevices": True}
+    assert flags.gate_flag(gates) == [
+        "--feature-gates=DRAConsumableCapacity=true,DRAPartitionableDevices=true"
+    ]
+
+
+def test_runtime_config_serves_v1_v1beta2_v1beta1() -> None:
+    assert flags.runtime_config(37) == (
+        "resource.k8s.io/v1=true,resource.k8s.io/v1beta2=true,resource.k8s.io/v1beta1=true"
+    )
+    assert "resource.k8s.io/v1alpha3=true" in flags.runtime_config(34)
+
+
+def test_process_group_is_stopped_and_port_freed(tmp_path: Path) -> None:
+    port = procs.free_port()
+    server = (
+        "import socket, time\n"
+        "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+        f"s.bind(('127.0.0.1', {port})); s.listen()\n"
+        "time.sleep(600)\n"
+    )
+    p = procs.start(
+        "sleeper",
+        [sys.executable, "-c", server],
+        tmp_path / "sleeper.log",
+        {"PATH": os.environ["PATH"]},
+        cwd=tmp_path,
+        die_with_parent=True,
+    )
+    deadline = time.monotonic() + 20
+    while procs.port_is_free(port) and time.monotonic() < deadline and p.alive():
+        time.sleep(0.05)
+    assert p.alive(), p.log_tail()
+    assert port in procs.listening_ports(p.pid)
+    assert not procs.port_is_free(port)
+    assert procs.stop([p], grace=5.0) == []
+    assert not p.alive()
+    assert procs.port_is_free(port)
