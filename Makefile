@@ -26,6 +26,9 @@ lint: setup
 
 typecheck: setup
 	$(BIN)/mypy .
+	for tests in services/*/tests; do \
+	  $(BIN)/mypy $$(find $$tests -name '*.py') || exit 1; \
+	done
 
 imports: setup
 	$(PY) hack/check_imports.py

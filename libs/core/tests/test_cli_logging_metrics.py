@@ -3,6 +3,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import threading
 import urllib.request
 
 import pytest
@@ -46,12 +47,17 @@ def test_logs_are_one_json_shape_for_ours_and_stdlib() -> None:
     structlog.contextvars.bind_contextvars(claim="uid-1")
     gs_logging.get_logger("gpuslice.x").info("prepared", device="gpu-0")
     logging.getLogger("grpc.foreign").warning("channel closed")
+    worker = threading.Thread(target=lambda: gs_logging.get_logger("w").info("from a worker"))
+    worker.start()
+    worker.join()
     structlog.contextvars.clear_contextvars()
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
     assert lines[0]["event"] == "prepared" and lines[0]["device"] == "gpu-0"
     assert lines[0]["claim"] == "uid-1" and lines[0]["component"] == "test"
     assert lines[1]["event"] == "channel closed" and lines[1]["level"] == "warning"
     assert {"timestamp", "level", "logger"} <= lines[1].keys()
+    assert lines[1]["component"] == "test", "foreign lines carry the component too"
+    assert lines[2]["component"] == "test", "threads without our context carry it too"
 
 
 def test_bad_log_level_names_the_choices() -> None:

@@ -142,6 +142,7 @@ SERVICES = [
             "/gpuslice.v1.MigManager/CreateInstance",
             "/gpuslice.v1.MigManager/DestroyInstance",
             "/gpuslice.v1.MigManager/ApplyLayout",
+            "/gpuslice.v1.MigManager/ReleaseInstance",
         ),
     ),
 ]

@@ -13,7 +13,7 @@ import sys
 from typing import Any, TextIO
 
 import structlog
-from structlog.typing import Processor
+from structlog.typing import EventDict, Processor
 
 LEVELS = ("debug", "info", "warning", "error")
 
@@ -40,8 +40,16 @@ def configure(
     renderer: Processor = (
         structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
     )
+
+    def add_component(_logger: Any, _method: str, event: EventDict) -> EventDict:
+        # A static field, not a contextvar: lines from gRPC workers and reflector threads,
+        # which do not inherit the main thread's context, carry it too.
+        event.setdefault("component", component)
+        return event
+
     structlog.configure(
         processors=[
+            add_component,
             *_SHARED,
             structlog.processors.dict_tracebacks if json else structlog.processors.format_exc_info,
             structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
@@ -51,12 +59,11 @@ def configure(
         cache_logger_on_first_use=False,
     )
     structlog.contextvars.clear_contextvars()
-    structlog.contextvars.bind_contextvars(component=component)
 
     handler = logging.StreamHandler(stream or sys.stdout)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
-            foreign_pre_chain=_SHARED,
+            foreign_pre_chain=[add_component, *_SHARED],
             processors=[
                 structlog.stdlib.ProcessorFormatter.remove_processors_meta,
                 structlog.processors.dict_tracebacks

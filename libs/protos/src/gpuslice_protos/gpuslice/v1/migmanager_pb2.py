@@ -24,43 +24,47 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n,gpuslice_protos/gpuslice/v1/migmanager.proto\x12\x0bgpuslice.v1\"+\n\x0cMigPlacement\x12\r\n\x05start\x18\x01 \x01(\r\x12\x0c\n\x04size\x18\x02 \x01(\r\"\xd0\x01\n\nMigProfile\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nprofile_id\x18\x02 \x01(\r\x12\x16\n\x0e\x63ompute_slices\x18\x03 \x01(\r\x12\x15\n\rmemory_slices\x18\x04 \x01(\r\x12\x15\n\rmax_instances\x18\x05 \x01(\r\x12\x17\n\x0fmultiprocessors\x18\x06 \x01(\r\x12\x12\n\nmemory_mib\x18\x07 \x01(\x04\x12-\n\nplacements\x18\x08 \x03(\x0b\x32\x19.gpuslice.v1.MigPlacement\"\xca\x01\n\x0bMigInstance\x12\x17\n\x0fgpu_instance_id\x18\x01 \x01(\r\x12\x1b\n\x13\x63ompute_instance_id\x18\x02 \x01(\r\x12\x14\n\x0cprofile_name\x18\x03 \x01(\t\x12,\n\tplacement\x18\x04 \x01(\x0b\x32\x19.gpuslice.v1.MigPlacement\x12\x10\n\x08mig_uuid\x18\x05 \x01(\t\x12\x0e\n\x06in_use\x18\x06 \x01(\x08\x12\r\n\x05owner\x18\x07 \x01(\t\x12\x10\n\x08gpu_uuid\x18\x08 \x01(\t\"\x80\x02\n\x06MigGpu\x12\x0c\n\x04uuid\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\x14\n\x0cproduct_name\x18\x03 \x01(\t\x12\x13\n\x0bmig_capable\x18\x04 \x01(\x08\x12*\n\x0c\x63urrent_mode\x18\x05 \x01(\x0e\x32\x14.gpuslice.v1.MigMode\x12*\n\x0cpending_mode\x18\x06 \x01(\x0e\x32\x14.gpuslice.v1.MigMode\x12)\n\x08profiles\x18\x07 \x03(\x0b\x32\x17.gpuslice.v1.MigProfile\x12+\n\tinstances\x18\x08 \x03(\x0b\x32\x18.gpuslice.v1.MigInstance\"\x11\n\x0fListGpusRequest\"5\n\x10ListGpusResponse\x12!\n\x04gpus\x18\x01 \x03(\x0b\x32\x13.gpuslice.v1.MigGpu\"\x80\x01\n\x15\x43reateInstanceRequest\x12\x10\n\x08gpu_uuid\x18\x01 \x01(\t\x12\x14\n\x0cprofile_name\x18\x02 \x01(\t\x12\x1c\n\x0fplacement_start\x18\x03 \x01(\rH\x00\x88\x01\x01\x12\r\n\x05owner\x18\x04 \x01(\tB\x12\n\x10_placement_start\"U\n\x16\x43reateInstanceResponse\x12*\n\x08instance\x18\x01 \x01(\x0b\x32\x18.gpuslice.v1.MigInstance\x12\x0f\n\x07\x63hanged\x18\x02 \x01(\x08\"C\n\x16\x44\x65stroyInstanceRequest\x12\x10\n\x08gpu_uuid\x18\x01 \x01(\t\x12\x17\n\x0fgpu_instance_id\x18\x02 \x01(\r\"W\n\x17\x44\x65stroyInstanceResponse\x12\x0f\n\x07\x63hanged\x18\x01 \x01(\x08\x12+\n\tdestroyed\x18\x02 \x01(\x0b\x32\x18.gpuslice.v1.MigInstance\"O\n\x12\x41pplyLayoutRequest\x12\x13\n\x0blayout_name\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_yaml\x18\x02 \x01(\t\x12\x0f\n\x07\x64ry_run\x18\x03 \x01(\x08\"\x82\x02\n\x0fGpuLayoutChange\x12\x10\n\x08gpu_uuid\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12+\n\rprevious_mode\x18\x03 \x01(\x0e\x32\x14.gpuslice.v1.MigMode\x12\"\n\x04mode\x18\x04 \x01(\x0e\x32\x14.gpuslice.v1.MigMode\x12+\n\tdestroyed\x18\x05 \x03(\x0b\x32\x18.gpuslice.v1.MigInstance\x12)\n\x07\x63reated\x18\x06 \x03(\x0b\x32\x18.gpuslice.v1.MigInstance\x12\x16\n\x0ereset_required\x18\x07 \x01(\x08\x12\r\n\x05\x65rror\x18\x08 \x01(\t\"\x8c\x01\n\x13\x41pplyLayoutResponse\x12\'\n\x05state\x18\x01 \x01(\x0e\x32\x18.gpuslice.v1.LayoutState\x12\x0f\n\x07\x63hanged\x18\x02 \x01(\x08\x12*\n\x04gpus\x18\x03 \x03(\x0b\x32\x1c.gpuslice.v1.GpuLayoutChange\x12\x0f\n\x07message\x18\x04 \x01(\t*P\n\x07MigMode\x12\x18\n\x14MIG_MODE_UNSPECIFIED\x10\x00\x12\x15\n\x11MIG_MODE_DISABLED\x10\x01\x12\x14\n\x10MIG_MODE_ENABLED\x10\x02*\x9a\x01\n\x0bLayoutState\x12\x1c\n\x18LAYOUT_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14LAYOUT_STATE_SUCCESS\x10\x01\x12\x18\n\x14LAYOUT_STATE_PENDING\x10\x02\x12 \n\x1cLAYOUT_STATE_REBOOT_REQUIRED\x10\x03\x12\x17\n\x13LAYOUT_STATE_FAILED\x10\x04\x32\xe8\x02\n\nMigManager\x12I\n\x08ListGpus\x12\x1c.gpuslice.v1.ListGpusRequest\x1a\x1d.gpuslice.v1.ListGpusResponse\"\x00\x12[\n\x0e\x43reateInstance\x12\".gpuslice.v1.CreateInstanceRequest\x1a#.gpuslice.v1.CreateInstanceResponse\"\x00\x12^\n\x0f\x44\x65stroyInstance\x12#.gpuslice.v1.DestroyInstanceRequest\x1a$.gpuslice.v1.DestroyInstanceResponse\"\x00\x12R\n\x0b\x41pplyLayout\x12\x1f.gpuslice.v1.ApplyLayoutRequest\x1a .gpuslice.v1.ApplyLayoutResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n,gpuslice_protos/gpuslice/v1/migmanager.proto\x12\x0bgpuslice.v1\"+\n\x0cMigPlacement\x12\r\n\x05start\x18\x01 \x01(\r\x12\x0c\n\x04size\x18\x02 \x01(\r\"\xd0\x01\n\nMigProfile\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nprofile_id\x18\x02 \x01(\r\x12\x16\n\x0e\x63ompute_slices\x18\x03 \x01(\r\x12\x15\n\rmemory_slices\x18\x04 \x01(\r\x12\x15\n\rmax_instances\x18\x05 \x01(\r\x12\x17\n\x0fmultiprocessors\x18\x06 \x01(\r\x12\x12\n\nmemory_mib\x18\x07 \x01(\x04\x12-\n\nplacements\x18\x08 \x03(\x0b\x32\x19.gpuslice.v1.MigPlacement\"\x80\x02\n\x0bMigInstance\x12\x17\n\x0fgpu_instance_id\x18\x01 \x01(\r\x12\x1b\n\x13\x63ompute_instance_id\x18\x02 \x01(\r\x12\x14\n\x0cprofile_name\x18\x03 \x01(\t\x12,\n\tplacement\x18\x04 \x01(\x0b\x32\x19.gpuslice.v1.MigPlacement\x12\x10\n\x08mig_uuid\x18\x05 \x01(\t\x12\x0e\n\x06in_use\x18\x06 \x01(\x08\x12\r\n\x05owner\x18\x07 \x01(\t\x12\x10\n\x08gpu_uuid\x18\x08 \x01(\t\x12\x16\n\x0e\x64\x65vice_profile\x18\t \x01(\t\x12\x0e\n\x06layout\x18\n \x01(\t\x12\x0c\n\x04pids\x18\x0b \x03(\r\"\x80\x02\n\x06MigGpu\x12\x0c\n\x04uuid\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\x14\n\x0cproduct_name\x18\x03 \x01(\t\x12\x13\n\x0bmig_capable\x18\x04 \x01(\x08\x12*\n\x0c\x63urrent_mode\x18\x05 \x01(\x0e\x32\x14.gpuslice.v1.MigMode\x12*\n\x0cpending_mode\x18\x06 \x01(\x0e\x32\x14.gpuslice.v1.MigMode\x12)\n\x08profiles\x18\x07 \x03(\x0b\x32\x17.gpuslice.v1.MigProfile\x12+\n\tinstances\x18\x08 \x03(\x0b\x32\x18.gpuslice.v1.MigInstance\"\x11\n\x0fListGpusRequest\"5\n\x10ListGpusResponse\x12!\n\x04gpus\x18\x01 \x03(\x0b\x32\x13.gpuslice.v1.MigGpu\"\x80\x01\n\x15\x43reateInstanceRequest\x12\x10\n\x08gpu_uuid\x18\x01 \x01(\t\x12\x14\n\x0cprofile_name\x18\x02 \x01(\t\x12\x1c\n\x0fplacement_start\x18\x03 \x01(\rH\x00\x88\x01\x01\x12\r\n\x05owner\x18\x04 \x01(\tB\x12\n\x10_placement_start\"U\n\x16\x43reateInstanceResponse\x12*\n\x08instance\x18\x01 \x01(\x0b\x32\x18.gpuslice.v1.MigInstance\x12\x0f\n\x07\x63hanged\x18\x02 \x01(\x08\"R\n\x16\x44\x65stroyInstanceRequest\x12\x10\n\x08gpu_uuid\x18\x01 \x01(\t\x12\x17\n\x0fgpu_instance_id\x18\x02 \x01(\r\x12\r\n\x05owner\x18\x03 \x01(\t\"W\n\x17\x44\x65stroyInstanceResponse\x12\x0f\n\x07\x63hanged\x18\x01 \x01(\x08\x12+\n\tdestroyed\x18\x02 \x01(\x0b\x32\x18.gpuslice.v1.MigInstance\"R\n\x16ReleaseInstanceRequest\x12\x10\n\x08gpu_uuid\x18\x01 \x01(\t\x12\x17\n\x0fgpu_instance_id\x18\x02 \x01(\r\x12\r\n\x05owner\x18\x03 \x01(\t\"V\n\x17ReleaseInstanceResponse\x12\x0f\n\x07\x63hanged\x18\x01 \x01(\x08\x12*\n\x08instance\x18\x02 \x01(\x0b\x32\x18.gpuslice.v1.MigInstance\"O\n\x12\x41pplyLayoutRequest\x12\x13\n\x0blayout_name\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_yaml\x18\x02 \x01(\t\x12\x0f\n\x07\x64ry_run\x18\x03 \x01(\x08\"\xa4\x02\n\x0fGpuLayoutChange\x12\x10\n\x08gpu_uuid\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12+\n\rprevious_mode\x18\x03 \x01(\x0e\x32\x14.gpuslice.v1.MigMode\x12\"\n\x04mode\x18\x04 \x01(\x0e\x32\x14.gpuslice.v1.MigMode\x12+\n\tdestroyed\x18\x05 \x03(\x0b\x32\x18.gpuslice.v1.MigInstance\x12)\n\x07\x63reated\x18\x06 \x03(\x0b\x32\x18.gpuslice.v1.MigInstance\x12\x16\n\x0ereset_required\x18\x07 \x01(\x08\x12\r\n\x05\x65rror\x18\x08 \x01(\t\x12\x0f\n\x07waiting\x18\t \x01(\t\x12\x0f\n\x07skipped\x18\n \x01(\t\"\x8c\x01\n\x13\x41pplyLayoutResponse\x12\'\n\x05state\x18\x01 \x01(\x0e\x32\x18.gpuslice.v1.LayoutState\x12\x0f\n\x07\x63hanged\x18\x02 \x01(\x08\x12*\n\x04gpus\x18\x03 \x03(\x0b\x32\x1c.gpuslice.v1.GpuLayoutChange\x12\x0f\n\x07message\x18\x04 \x01(\t*P\n\x07MigMode\x12\x18\n\x14MIG_MODE_UNSPECIFIED\x10\x00\x12\x15\n\x11MIG_MODE_DISABLED\x10\x01\x12\x14\n\x10MIG_MODE_ENABLED\x10\x02*\x9a\x01\n\x0bLayoutState\x12\x1c\n\x18LAYOUT_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14LAYOUT_STATE_SUCCESS\x10\x01\x12\x18\n\x14LAYOUT_STATE_PENDING\x10\x02\x12 \n\x1cLAYOUT_STATE_REBOOT_REQUIRED\x10\x03\x12\x17\n\x13LAYOUT_STATE_FAILED\x10\x04\x32\xc8\x03\n\nMigManager\x12I\n\x08ListGpus\x12\x1c.gpuslice.v1.ListGpusRequest\x1a\x1d.gpuslice.v1.ListGpusResponse\"\x00\x12[\n\x0e\x43reateInstance\x12\".gpuslice.v1.CreateInstanceRequest\x1a#.gpuslice.v1.CreateInstanceResponse\"\x00\x12^\n\x0f\x44\x65stroyInstance\x12#.gpuslice.v1.DestroyInstanceRequest\x1a$.gpuslice.v1.DestroyInstanceResponse\"\x00\x12R\n\x0b\x41pplyLayout\x12\x1f.gpuslice.v1.ApplyLayoutRequest\x1a .gpuslice.v1.ApplyLayoutResponse\"\x00\x12^\n\x0fReleaseInstance\x12#.gpuslice.v1.ReleaseInstanceRequest\x1a$.gpuslice.v1.ReleaseInstanceResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'gpuslice_protos.gpuslice.v1.migmanager_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MIGMODE']._serialized_start=1716
-  _globals['_MIGMODE']._serialized_end=1796
-  _globals['_LAYOUTSTATE']._serialized_start=1799
-  _globals['_LAYOUTSTATE']._serialized_end=1953
+  _globals['_MIGMODE']._serialized_start=1991
+  _globals['_MIGMODE']._serialized_end=2071
+  _globals['_LAYOUTSTATE']._serialized_start=2074
+  _globals['_LAYOUTSTATE']._serialized_end=2228
   _globals['_MIGPLACEMENT']._serialized_start=61
   _globals['_MIGPLACEMENT']._serialized_end=104
   _globals['_MIGPROFILE']._serialized_start=107
   _globals['_MIGPROFILE']._serialized_end=315
   _globals['_MIGINSTANCE']._serialized_start=318
-  _globals['_MIGINSTANCE']._serialized_end=520
-  _globals['_MIGGPU']._serialized_start=523
-  _globals['_MIGGPU']._serialized_end=779
-  _globals['_LISTGPUSREQUEST']._serialized_start=781
-  _globals['_LISTGPUSREQUEST']._serialized_end=798
-  _globals['_LISTGPUSRESPONSE']._serialized_start=800
-  _globals['_LISTGPUSRESPONSE']._serialized_end=853
-  _globals['_CREATEINSTANCEREQUEST']._serialized_start=856
-  _globals['_CREATEINSTANCEREQUEST']._serialized_end=984
-  _globals['_CREATEINSTANCERESPONSE']._serialized_start=986
-  _globals['_CREATEINSTANCERESPONSE']._serialized_end=1071
-  _globals['_DESTROYINSTANCEREQUEST']._serialized_start=1073
-  _globals['_DESTROYINSTANCEREQUEST']._serialized_end=1140
-  _globals['_DESTROYINSTANCERESPONSE']._serialized_start=1142
-  _globals['_DESTROYINSTANCERESPONSE']._serialized_end=1229
-  _globals['_APPLYLAYOUTREQUEST']._serialized_start=1231
-  _globals['_APPLYLAYOUTREQUEST']._serialized_end=1310
-  _globals['_GPULAYOUTCHANGE']._serialized_start=1313
-  _globals['_GPULAYOUTCHANGE']._serialized_end=1571
-  _globals['_APPLYLAYOUTRESPONSE']._serialized_start=1574
-  _globals['_APPLYLAYOUTRESPONSE']._serialized_end=1714
-  _globals['_MIGMANAGER']._serialized_start=1956
-  _globals['_MIGMANAGER']._serialized_end=2316
+  _globals['_MIGINSTANCE']._serialized_end=574
+  _globals['_MIGGPU']._serialized_start=577
+  _globals['_MIGGPU']._serialized_end=833
+  _globals['_LISTGPUSREQUEST']._serialized_start=835
+  _globals['_LISTGPUSREQUEST']._serialized_end=852
+  _globals['_LISTGPUSRESPONSE']._serialized_start=854
+  _globals['_LISTGPUSRESPONSE']._serialized_end=907
+  _globals['_CREATEINSTANCEREQUEST']._serialized_start=910
+  _globals['_CREATEINSTANCEREQUEST']._serialized_end=1038
+  _globals['_CREATEINSTANCERESPONSE']._serialized_start=1040
+  _globals['_CREATEINSTANCERESPONSE']._serialized_end=1125
+  _globals['_DESTROYINSTANCEREQUEST']._serialized_start=1127
+  _globals['_DESTROYINSTANCEREQUEST']._serialized_end=1209
+  _globals['_DESTROYINSTANCERESPONSE']._serialized_start=1211
+  _globals['_DESTROYINSTANCERESPONSE']._serialized_end=1298
+  _globals['_RELEASEINSTANCEREQUEST']._serialized_start=1300
+  _globals['_RELEASEINSTANCEREQUEST']._serialized_end=1382
+  _globals['_RELEASEINSTANCERESPONSE']._serialized_start=1384
+  _globals['_RELEASEINSTANCERESPONSE']._serialized_end=1470
+  _globals['_APPLYLAYOUTREQUEST']._serialized_start=1472
+  _globals['_APPLYLAYOUTREQUEST']._serialized_end=1551
+  _globals['_GPULAYOUTCHANGE']._serialized_start=1554
+  _globals['_GPULAYOUTCHANGE']._serialized_end=1846
+  _globals['_APPLYLAYOUTRESPONSE']._serialized_start=1849
+  _globals['_APPLYLAYOUTRESPONSE']._serialized_end=1989
+  _globals['_MIGMANAGER']._serialized_start=2231
+  _globals['_MIGMANAGER']._serialized_end=2687
 # @@protoc_insertion_point(module_scope)

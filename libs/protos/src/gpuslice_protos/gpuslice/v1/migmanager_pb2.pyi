@@ -189,6 +189,9 @@ class MigInstance(_message.Message):
     IN_USE_FIELD_NUMBER: _builtins.int
     OWNER_FIELD_NUMBER: _builtins.int
     GPU_UUID_FIELD_NUMBER: _builtins.int
+    DEVICE_PROFILE_FIELD_NUMBER: _builtins.int
+    LAYOUT_FIELD_NUMBER: _builtins.int
+    PIDS_FIELD_NUMBER: _builtins.int
     gpu_instance_id: _builtins.int
     """GPU instance ID (NVML GI id), unique per GPU."""
     compute_instance_id: _builtins.int
@@ -205,9 +208,20 @@ class MigInstance(_message.Message):
     """
     gpu_uuid: _builtins.str
     """UUID of the parent GPU ("GPU-...")."""
+    device_profile: _builtins.str
+    """Profile of the MIG device (its compute instance): profile_name for a compute instance that
+    spans the GPU instance, "<c>c.<profile_name>" for a smaller one; empty when the GPU
+    instance has no compute instance or several.
+    """
+    layout: _builtins.str
+    """Name of the layout that created or kept the instance; empty for on-demand instances."""
     @_builtins.property
     def placement(self) -> Global___MigPlacement:
         """Where the instance sits on the GPU."""
+
+    @_builtins.property
+    def pids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Process ids running on the instance (in_use is true when this is not empty)."""
 
     def __init__(
         self,
@@ -220,10 +234,13 @@ class MigInstance(_message.Message):
         in_use: _builtins.bool = ...,
         owner: _builtins.str = ...,
         gpu_uuid: _builtins.str = ...,
+        device_profile: _builtins.str = ...,
+        layout: _builtins.str = ...,
+        pids: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["placement", b"placement"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["compute_instance_id", b"compute_instance_id", "gpu_instance_id", b"gpu_instance_id", "gpu_uuid", b"gpu_uuid", "in_use", b"in_use", "mig_uuid", b"mig_uuid", "owner", b"owner", "placement", b"placement", "profile_name", b"profile_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compute_instance_id", b"compute_instance_id", "device_profile", b"device_profile", "gpu_instance_id", b"gpu_instance_id", "gpu_uuid", b"gpu_uuid", "in_use", b"in_use", "layout", b"layout", "mig_uuid", b"mig_uuid", "owner", b"owner", "pids", b"pids", "placement", b"placement", "profile_name", b"profile_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -386,19 +403,26 @@ class DestroyInstanceRequest(_message.Message):
 
     GPU_UUID_FIELD_NUMBER: _builtins.int
     GPU_INSTANCE_ID_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
     gpu_uuid: _builtins.str
     """UUID of the GPU ("GPU-..."). Required."""
     gpu_instance_id: _builtins.int
     """GPU instance ID. Required."""
+    owner: _builtins.str
+    """When set, the instance is destroyed only if this owner holds it (FAILED_PRECONDITION
+    otherwise): a GPU instance ID reused by someone else's instance is never destroyed by a
+    late or repeated call. Empty: destroy whoever holds it (operators' tooling).
+    """
     def __init__(
         self,
         *,
         gpu_uuid: _builtins.str = ...,
         gpu_instance_id: _builtins.int = ...,
+        owner: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpu_instance_id", b"gpu_instance_id", "gpu_uuid", b"gpu_uuid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpu_instance_id", b"gpu_instance_id", "gpu_uuid", b"gpu_uuid", "owner", b"owner"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -429,6 +453,60 @@ class DestroyInstanceResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DestroyInstanceResponse: _TypeAlias = DestroyInstanceResponse  # noqa: Y015
+
+@_typing.final
+class ReleaseInstanceRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GPU_UUID_FIELD_NUMBER: _builtins.int
+    GPU_INSTANCE_ID_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
+    gpu_uuid: _builtins.str
+    """UUID of the GPU ("GPU-..."). Required."""
+    gpu_instance_id: _builtins.int
+    """GPU instance ID. Required."""
+    owner: _builtins.str
+    """When set, only this owner's hold is released (FAILED_PRECONDITION for another owner)."""
+    def __init__(
+        self,
+        *,
+        gpu_uuid: _builtins.str = ...,
+        gpu_instance_id: _builtins.int = ...,
+        owner: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpu_instance_id", b"gpu_instance_id", "gpu_uuid", b"gpu_uuid", "owner", b"owner"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseInstanceRequest: _TypeAlias = ReleaseInstanceRequest  # noqa: Y015
+
+@_typing.final
+class ReleaseInstanceResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANGED_FIELD_NUMBER: _builtins.int
+    INSTANCE_FIELD_NUMBER: _builtins.int
+    changed: _builtins.bool
+    """True if this call cleared an owner."""
+    @_builtins.property
+    def instance(self) -> Global___MigInstance:
+        """The instance after the call; unset when it does not exist."""
+
+    def __init__(
+        self,
+        *,
+        changed: _builtins.bool = ...,
+        instance: Global___MigInstance | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["instance", b"instance"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changed", b"changed", "instance", b"instance"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseInstanceResponse: _TypeAlias = ReleaseInstanceResponse  # noqa: Y015
 
 @_typing.final
 class ApplyLayoutRequest(_message.Message):
@@ -476,6 +554,8 @@ class GpuLayoutChange(_message.Message):
     CREATED_FIELD_NUMBER: _builtins.int
     RESET_REQUIRED_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    WAITING_FIELD_NUMBER: _builtins.int
+    SKIPPED_FIELD_NUMBER: _builtins.int
     gpu_uuid: _builtins.str
     """UUID of the GPU."""
     index: _builtins.int
@@ -488,6 +568,12 @@ class GpuLayoutChange(_message.Message):
     """True if the mode change needs a GPU reset that has not happened yet."""
     error: _builtins.str
     """Why this GPU failed; empty on success."""
+    waiting: _builtins.str
+    """Why this GPU waits (an instance held by a claim or a process, a busy GPU); the layout
+    completes once the reason goes away and the layout is applied again.
+    """
+    skipped: _builtins.str
+    """Why this GPU was left alone (e.g. not MIG-capable under `devices: all`)."""
     @_builtins.property
     def destroyed(self) -> _containers.RepeatedCompositeFieldContainer[Global___MigInstance]:
         """Instances destroyed."""
@@ -507,10 +593,12 @@ class GpuLayoutChange(_message.Message):
         created: _abc.Iterable[Global___MigInstance] | None = ...,
         reset_required: _builtins.bool = ...,
         error: _builtins.str = ...,
+        waiting: _builtins.str = ...,
+        skipped: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "destroyed", b"destroyed", "error", b"error", "gpu_uuid", b"gpu_uuid", "index", b"index", "mode", b"mode", "previous_mode", b"previous_mode", "reset_required", b"reset_required"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "destroyed", b"destroyed", "error", b"error", "gpu_uuid", b"gpu_uuid", "index", b"index", "mode", b"mode", "previous_mode", b"previous_mode", "reset_required", b"reset_required", "skipped", b"skipped", "waiting", b"waiting"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -55,6 +55,11 @@ class MigManagerStub:
                 request_serializer=gpuslice__protos_dot_gpuslice_dot_v1_dot_migmanager__pb2.ApplyLayoutRequest.SerializeToString,
                 response_deserializer=gpuslice__protos_dot_gpuslice_dot_v1_dot_migmanager__pb2.ApplyLayoutResponse.FromString,
                 _registered_method=True)
+        self.ReleaseInstance = channel.unary_unary(
+                '/gpuslice.v1.MigManager/ReleaseInstance',
+                request_serializer=gpuslice__protos_dot_gpuslice_dot_v1_dot_migmanager__pb2.ReleaseInstanceRequest.SerializeToString,
+                response_deserializer=gpuslice__protos_dot_gpuslice_dot_v1_dot_migmanager__pb2.ReleaseInstanceResponse.FromString,
+                _registered_method=True)
 
 
 class MigManagerServicer:
@@ -71,7 +76,11 @@ class MigManagerServicer:
     def CreateInstance(self, request, context):
         """CreateInstance creates one GPU instance of a profile, with its full-size compute instance.
         Idempotent: if an instance of the same profile already exists at the requested placement
-        with the same owner (or no owner), it is returned with changed = false.
+        with the same owner (or no owner), it is returned with changed = false; an instance with no
+        owner is taken by the request's owner (how a claim holds an instance a layout made). Making
+        a new instance needs dynamic MIG (the manager's --dynamic-mig), FAILED_PRECONDITION otherwise.
+        Unset placement_start with an owner that already holds an instance of the profile on the
+        GPU returns that instance (a retried call without placement creates nothing twice).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -88,6 +97,15 @@ class MigManagerServicer:
     def ApplyLayout(self, request, context):
         """ApplyLayout applies a declarative MIG layout (a mig-parted v1 config) to the node's GPUs:
         MIG mode first, then instances. Applying the layout that is already in place changes nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseInstance(self, request, context):
+        """ReleaseInstance clears an instance's owner and leaves the instance in place (a claim on an
+        instance made by a layout ends). Idempotent: releasing an instance nobody holds, or one that
+        does not exist, succeeds with changed = false.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -115,6 +133,11 @@ def add_MigManagerServicer_to_server(servicer, server):
                     servicer.ApplyLayout,
                     request_deserializer=gpuslice__protos_dot_gpuslice_dot_v1_dot_migmanager__pb2.ApplyLayoutRequest.FromString,
                     response_serializer=gpuslice__protos_dot_gpuslice_dot_v1_dot_migmanager__pb2.ApplyLayoutResponse.SerializeToString,
+            ),
+            'ReleaseInstance': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseInstance,
+                    request_deserializer=gpuslice__protos_dot_gpuslice_dot_v1_dot_migmanager__pb2.ReleaseInstanceRequest.FromString,
+                    response_serializer=gpuslice__protos_dot_gpuslice_dot_v1_dot_migmanager__pb2.ReleaseInstanceResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -226,6 +249,33 @@ class MigManager:
             '/gpuslice.v1.MigManager/ApplyLayout',
             gpuslice__protos_dot_gpuslice_dot_v1_dot_migmanager__pb2.ApplyLayoutRequest.SerializeToString,
             gpuslice__protos_dot_gpuslice_dot_v1_dot_migmanager__pb2.ApplyLayoutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseInstance(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuslice.v1.MigManager/ReleaseInstance',
+            gpuslice__protos_dot_gpuslice_dot_v1_dot_migmanager__pb2.ReleaseInstanceRequest.SerializeToString,
+            gpuslice__protos_dot_gpuslice_dot_v1_dot_migmanager__pb2.ReleaseInstanceResponse.FromString,
             options,
             channel_credentials,
             insecure,

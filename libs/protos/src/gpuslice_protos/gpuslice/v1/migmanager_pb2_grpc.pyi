@@ -39,7 +39,11 @@ class MigManagerStub:
     CreateInstance: _grpc.UnaryUnaryMultiCallable[_migmanager_pb2.CreateInstanceRequest, _migmanager_pb2.CreateInstanceResponse]
     """CreateInstance creates one GPU instance of a profile, with its full-size compute instance.
     Idempotent: if an instance of the same profile already exists at the requested placement
-    with the same owner (or no owner), it is returned with changed = false.
+    with the same owner (or no owner), it is returned with changed = false; an instance with no
+    owner is taken by the request's owner (how a claim holds an instance a layout made). Making
+    a new instance needs dynamic MIG (the manager's --dynamic-mig), FAILED_PRECONDITION otherwise.
+    Unset placement_start with an owner that already holds an instance of the profile on the
+    GPU returns that instance (a retried call without placement creates nothing twice).
     """
     DestroyInstance: _grpc.UnaryUnaryMultiCallable[_migmanager_pb2.DestroyInstanceRequest, _migmanager_pb2.DestroyInstanceResponse]
     """DestroyInstance destroys a GPU instance and its compute instances. Idempotent: destroying an
@@ -48,6 +52,11 @@ class MigManagerStub:
     ApplyLayout: _grpc.UnaryUnaryMultiCallable[_migmanager_pb2.ApplyLayoutRequest, _migmanager_pb2.ApplyLayoutResponse]
     """ApplyLayout applies a declarative MIG layout (a mig-parted v1 config) to the node's GPUs:
     MIG mode first, then instances. Applying the layout that is already in place changes nothing.
+    """
+    ReleaseInstance: _grpc.UnaryUnaryMultiCallable[_migmanager_pb2.ReleaseInstanceRequest, _migmanager_pb2.ReleaseInstanceResponse]
+    """ReleaseInstance clears an instance's owner and leaves the instance in place (a claim on an
+    instance made by a layout ends). Idempotent: releasing an instance nobody holds, or one that
+    does not exist, succeeds with changed = false.
     """
 
 class MigManagerServicer(metaclass=_abc_1.ABCMeta):
@@ -69,7 +78,11 @@ class MigManagerServicer(metaclass=_abc_1.ABCMeta):
     ) -> _migmanager_pb2.CreateInstanceResponse:
         """CreateInstance creates one GPU instance of a profile, with its full-size compute instance.
         Idempotent: if an instance of the same profile already exists at the requested placement
-        with the same owner (or no owner), it is returned with changed = false.
+        with the same owner (or no owner), it is returned with changed = false; an instance with no
+        owner is taken by the request's owner (how a claim holds an instance a layout made). Making
+        a new instance needs dynamic MIG (the manager's --dynamic-mig), FAILED_PRECONDITION otherwise.
+        Unset placement_start with an owner that already holds an instance of the profile on the
+        GPU returns that instance (a retried call without placement creates nothing twice).
         """
 
     @_abc_1.abstractmethod
@@ -90,6 +103,17 @@ class MigManagerServicer(metaclass=_abc_1.ABCMeta):
     ) -> _migmanager_pb2.ApplyLayoutResponse:
         """ApplyLayout applies a declarative MIG layout (a mig-parted v1 config) to the node's GPUs:
         MIG mode first, then instances. Applying the layout that is already in place changes nothing.
+        """
+
+    @_abc_1.abstractmethod
+    def ReleaseInstance(
+        self,
+        request: _migmanager_pb2.ReleaseInstanceRequest,
+        context: _grpc.ServicerContext,
+    ) -> _migmanager_pb2.ReleaseInstanceResponse:
+        """ReleaseInstance clears an instance's owner and leaves the instance in place (a claim on an
+        instance made by a layout ends). Idempotent: releasing an instance nobody holds, or one that
+        does not exist, succeeds with changed = false.
         """
 
 def add_MigManagerServicer_to_server(servicer: MigManagerServicer, server: _grpc.Server) -> None: ...

@@ -1,0 +1,144 @@
+"""``gpuslice-mig-manager``: flags (each with an environment variable) and the entry point."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from gpuslice_core.cli import EnvArgumentParser
+from gpuslice_core.grpcserver import check_health
+from gpuslice_core.logging import LEVELS
+from gpuslice_mig_manager import __version__
+from gpuslice_nvml import add_nvml_arguments
+
+DEFAULT_SOCKET = "/var/run/gpuslice/mig-manager.sock"
+DEFAULT_STATE_DIR = "/var/lib/gpuslice/mig-manager"
+
+
+def _non_negative(value: str) -> float:
+    number = float(value)
+    if number < 0:
+        raise ValueError(f"{value} is negative")
+    return number
+
+
+def build_parser() -> EnvArgumentParser:
+    p = EnvArgumentParser(
+        prog="gpuslice-mig-manager",
+        description=(
+            "Owns MIG on one node: applies the mig-parted layout that the node label"
+            " gpuslice.dev/mig.config selects, and creates and destroys MIG instances on demand"
+            " for the gpuslice kubelet plugin (gRPC API gpuslice.v1.MigManager on a unix socket)."
+        ),
+    )
+    p.add_flag(
+        "--node-name",
+        env="NODE_NAME",
+        help=(
+            "Name of this node's Node object, whose gpuslice.dev/mig.config label selects the"
+            " layout and which receives the state label and Events. Without it the manager"
+            " serves its gRPC API only and never talks to Kubernetes."
+        ),
+    )
+    p.add_flag(
+        "--kubeconfig",
+        env="KUBECONFIG",
+        help="Path of a kubeconfig; the pod's service account is used when it is not given.",
+    )
+    add_nvml_arguments(p)
+    p.add_flag(
+        "--state-dir",
+        env="STATE_DIR",
+        default=DEFAULT_STATE_DIR,
+        help=(
+            "Directory of the checkpoint (mig-manager.json) that records which instances the"
+            " manager made and for whom; it must survive container restarts (a hostPath)."
+        ),
+    )
+    p.add_flag(
+        "--socket",
+        env="MIG_MANAGER_SOCKET",
+        default=DEFAULT_SOCKET,
+        help="Unix socket of the gRPC API, in a directory the node pod's containers share.",
+    )
+    p.add_flag(
+        "--metrics-addr",
+        env="METRICS_ADDR",
+        default=":9403",
+        help="HOST:PORT of the Prometheus /metrics endpoint; an empty value turns it off.",
+    )
+    p.add_flag(
+        "--config-file",
+        env="MIG_CONFIG_FILE",
+        help=(
+            "Path of a mig-parted v1 layout file (e.g. a mounted ConfigMap); read again for"
+            " every application. A malformed file stops start-up with a message naming the key."
+        ),
+    )
+    p.add_flag(
+        "--config-map",
+        env="MIG_CONFIG_MAP",
+        help=(
+            "NAMESPACE/NAME[:KEY] of a ConfigMap holding the layouts (key config.yaml by"
+            " default), watched live; an edit re-applies the selected layout."
+        ),
+    )
+    p.add_bool_flag(
+        "--dynamic-mig",
+        env="DYNAMIC_MIG",
+        help=(
+            "Create and destroy instances on demand (CreateInstance for new instances) and"
+            " destroy instances nobody owns when no process uses them."
+        ),
+    )
+    p.add_flag(
+        "--reconcile-interval",
+        env="RECONCILE_INTERVAL",
+        type=_non_negative,
+        default=60.0,
+        help=(
+            "Seconds between comparisons of the checkpoint with the GPUs (drift, orphans);"
+            " 0 reconciles only at start."
+        ),
+    )
+    p.add_flag(
+        "--retry-initial",
+        env="LAYOUT_RETRY_INITIAL",
+        type=_non_negative,
+        default=1.0,
+        help="Seconds before the first retry of a layout that waits for instances to be free.",
+    )
+    p.add_flag(
+        "--retry-max",
+        env="LAYOUT_RETRY_MAX",
+        type=_non_negative,
+        default=60.0,
+        help="Longest wait, in seconds, between retries of a waiting layout.",
+    )
+    p.add_flag(
+        "--log-level", env="LOG_LEVEL", default="info", choices=LEVELS, help="Lowest level logged."
+    )
+    p.add_argument(
+        "--probe",
+        action="store_true",
+        help=(
+            "Check the health service behind --socket and exit 0 when it is SERVING, 1"
+            " otherwise (for the container's liveness and readiness probes)."
+        ),
+    )
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.probe:
+        return 0 if check_health(Path(args.socket)) else 1
+    from gpuslice_mig_manager.server import run
+
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,286 @@
+"""Declarative MIG layouts in NVIDIA's mig-parted config format (``version: v1``).
+
+    version: v1
+    mig-configs:
+      all-balanced:
+        - device-filter: ["0x20B010DE"]    # optional: PCI device ids (device << 16 | vendor)
+          devices: all                     # or a list of GPU indices
+          mig-enabled: true
+          mig-devices: {"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1}
+
+Decoding is strict: unknown or duplicate keys, wrong types and malformed profile names are
+errors that name the key (``mig-configs.all-1g.5gb[0].mig-devics: unknown key; allowed keys
+here: device-filter, devices, mig-devices, mig-enabled``). Which profiles a GPU offers is not
+known here; :mod:`gpuslice_mig_manager.apply` checks names against NVML.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gpuslice_core.errors import InvalidArgumentError
+from gpuslice_nvml import GpuInfo
+
+#: ``<g>g.<gb>gb`` or ``<c>c.<g>g.<gb>gb`` with an optional attribute suffix.
+PROFILE_RE = re.compile(
+    r"^(?:(?P<c>[1-9]\d*)c\.)?(?P<g>[1-9]\d*)g\.(?P<gb>\d+)gb(?P<attr>\+me\.all|\+me|\+gfx|-me)?$"
+)
+_FILTER_RE = re.compile(r"^0x[0-9a-fA-F]{8}$")
+
+
+class LayoutError(InvalidArgumentError):
+    """A layout file is malformed, names an unknown layout, or does not fit the node."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, validate_by_alias=True)
+
+
+def gpu_instance_profile_of(device_profile: str) -> str:
+    """``1c.3g.20gb`` -> ``3g.20gb``; a GPU-instance name is returned unchanged."""
+    match = PROFILE_RE.match(device_profile)
+    if match is None or match["c"] is None:
+        return device_profile
+    return device_profile[len(match["c"]) + 2 :]
+
+
+class DeviceSpec(_Strict):
+    """One entry of a mig-config: which GPUs, MIG on or off, and the MIG devices to make."""
+
+    #: PCI device ids; quoted ("0x20B010DE") as NVIDIA writes them, or a YAML integer.
+    device_filter: str | int | list[str | int] | None = Field(default=None, alias="device-filter")
+    devices: Literal["all"] | list[Annotated[int, Field(ge=0)]]
+    mig_enabled: bool = Field(alias="mig-enabled")
+    mig_devices: dict[str, Annotated[int, Field(ge=0, le=8)]] | None = Field(
+        default=None, alias="mig-devices"
+    )
+
+    @field_validator("device_filter")
+    @classmethod
+    def _filter(
+        cls, value: str | int | list[str | int] | None
+    ) -> str | int | list[str | int] | None:
+        values = value if isinstance(value, list) else ([] if value is None else [value])
+        for v in values:
+            if isinstance(v, str) and not _FILTER_RE.match(v):
+                raise ValueError(f"{v!r} is not a PCI device id like 0x20B010DE")
+            if isinstance(v, int) and not 0 < v <= 0xFFFFFFFF:
+                raise ValueError(f"{v} is not a PCI device id like 0x20B010DE")
+        return value
+
+    @field_validator("devices")
+    @classmethod
+    def _devices(cls, value: Literal["all"] | list[int]) -> Literal["all"] | list[int]:
+        if isinstance(value, list) and len(set(value)) != len(value):
+            raise ValueError("GPU indices must not repeat")
+        return value
+
+    @field_validator("mig_devices")
+    @classmethod
+    def _profiles(cls, value: dict[str, int] | None) -> dict[str, int] | None:
+        for name in value or {}:
+            match = PROFILE_RE.match(name)
+            if match is None:
+                raise ValueError(
+                    f"{name!r} is not a MIG profile name like 1g.10gb, 1c.3g.40gb or 1g.10gb+me"
+                )
+            if match["c"] is not None and int(match["c"]) >= int(match["g"]):
+                raise ValueError(
+                    f"{name!r}: a compute instance must be smaller than its GPU instance"
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _enabled_needs_devices(self) -> DeviceSpec:
+        if self.mig_enabled and self.mig_devices is None:
+            raise ValueError("mig-devices is required when mig-enabled is true ({} allowed)")
+        if not self.mig_enabled and self.mig_devices:
+            raise ValueError("mig-devices must be empty or absent when mig-enabled is false")
+        return self
+
+    @property
+    def filters(self) -> list[int]:
+        value = self.device_filter
+        values = value if isinstance(value, list) else ([] if value is None else [value])
+        return [v if isinstance(v, int) else int(v, 16) for v in values]
+
+    def wanted(self) -> dict[str, int]:
+        """The requested MIG devices without zero counts."""
+        return {k: v for k, v in (self.mig_devices or {}).items() if v > 0}
+
+
+class LayoutConfig(_Strict):
+    """A whole mig-parted config file."""
+
+    version: Literal["v1"]
+    mig_configs: dict[str, Annotated[list[DeviceSpec], Field(min_length=1)]] = Field(
+        alias="mig-configs"
+    )
+
+    def names(self) -> list[str]:
+        return sorted(self.mig_configs)
+
+    def get(self, name: str) -> list[DeviceSpec]:
+        try:
+            return self.mig_configs[name]
+        except KeyError:
+            known = ", ".join(self.names()) or "none"
+            raise LayoutError(f"no layout named {name!r}; layouts: {known}") from None
+
+
+@dataclass(frozen=True)
+class GpuTarget:
+    """What a layout asks of one GPU."""
+
+    gpu_index: int
+    #: The entry of the layout that selected the GPU (``<layout>[<i>]``).
+    entry: str
+    mig_enabled: bool
+    #: Device profile -> count (zero counts dropped).
+    devices: dict[str, int]
+    #: True when the GPU was named by index or device filter rather than ``devices: all``.
+    explicit: bool
+
+
+def select_targets(
+    config: LayoutConfig, name: str, gpus: Sequence[GpuInfo]
+) -> dict[int, GpuTarget]:
+    """Map each GPU the layout ``name`` selects to what the layout wants of it.
+
+    GPUs no entry selects are left alone. Two entries selecting one GPU is an error; so is an
+    index the node does not have.
+    """
+    specs = config.get(name)
+    by_index = {g.index: g for g in gpus}
+    targets: dict[int, GpuTarget] = {}
+    for i, spec in enumerate(specs):
+        entry = f"{name}[{i}]"
+        if spec.devices == "all":
+            chosen = sorted(by_index)
+        else:
+            missing = sorted(set(spec.devices) - set(by_index))
+            if missing:
+                raise LayoutError(
+                    f"{entry}: devices {missing} do not exist; the node has GPUs {sorted(by_index)}"
+                )
+            chosen = list(spec.devices)
+        filters = spec.filters
+        for index in chosen:
+            gpu = by_index[index]
+            if filters and gpu.pci_device_id not in filters:
+                continue
+            if index in targets:
+                raise LayoutError(
+                    f"{entry} and {targets[index].entry} both select GPU {index}; each GPU may be"
+                    " selected by one entry of a layout"
+                )
+            targets[index] = GpuTarget(
+                gpu_index=index,
+                entry=entry,
+                mig_enabled=spec.mig_enabled,
+                devices=spec.wanted(),
+                explicit=bool(filters) or spec.devices != "all",
+            )
+    return targets
+
+
+# -- decoding ---------------------------------------------------------------------------------
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A SafeLoader that refuses duplicate mapping keys instead of keeping the last."""
+
+
+def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
+        seen.add(key)
+    return loader.construct_mapping(node, deep=True)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def parse_layouts(text: str, *, source: str = "<layouts>") -> LayoutConfig:
+    """Decode mig-parted YAML into a :class:`LayoutConfig` or raise :class:`LayoutError`."""
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        raise LayoutError(f"{source}: invalid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise LayoutError(f"{source}: the top level must be a mapping with version and mig-configs")
+    try:
+        return LayoutConfig.model_validate(data)
+    except ValidationError as exc:
+        raise LayoutError(f"{source}: {describe_errors(exc)}") from exc
+
+
+def load_layouts_file(path: str | Path) -> LayoutConfig:
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise LayoutError(f"cannot read MIG layout file {file}: {exc.strerror}") from exc
+    return parse_layouts(text, source=str(file))
+
+
+def key_path(loc: tuple[int | str, ...]) -> str:
+    """``('mig-configs', 'x', 0, 'devices')`` -> ``mig-configs.x[0].devices``."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "<top level>"
+
+
+def describe_errors(exc: ValidationError) -> str:
+    """One line per offending key; the alternatives of a union are merged into one message."""
+    errors = [(_clean_loc(tuple(err["loc"])), err) for err in exc.errors()]
+    locs = [loc for loc, _ in errors]
+    merged: dict[tuple[int | str, ...], list[str]] = {}
+    inputs: dict[tuple[int | str, ...], Any] = {}
+    for loc, err in errors:
+        if any(other[: len(loc)] == loc and len(other) > len(loc) for other in locs):
+            continue  # a union member that went deeper explains it better
+        if err["type"] == "extra_forbidden":
+            allowed = ", ".join(_allowed_keys(loc[:-1]))
+            message = f"unknown key; allowed keys here: {allowed}"
+        elif err["type"] == "missing":
+            message = "required key is missing"
+        else:
+            message = str(err["msg"]).removeprefix("Value error, ")
+            inputs[loc] = err.get("input")
+        seen = merged.setdefault(loc, [])
+        if seen and message.startswith("Input should be "):
+            message = message.removeprefix("Input should be ")
+        if message not in seen:
+            seen.append(message)
+    parts = []
+    for loc, messages in merged.items():
+        text = f"{key_path(loc)}: {' or '.join(messages)}"
+        if loc in inputs:
+            text += f" (got {inputs[loc]!r})"
+        parts.append(text)
+    return "; ".join(parts)
+
+
+def _clean_loc(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
+    # Union members appear in pydantic's loc ("literal['all']", "list[...]", "str"); drop them.
+    return tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p in {"str", "int"})))
+
+
+def _allowed_keys(loc: tuple[int | str, ...]) -> list[str]:
+    """The keys accepted at ``loc``: the top level, or one entry of a layout."""
+    model: type[BaseModel] = LayoutConfig if not loc else DeviceSpec
+    return sorted(f.alias or n for n, f in model.model_fields.items())

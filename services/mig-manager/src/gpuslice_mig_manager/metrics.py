@@ -1,0 +1,76 @@
+"""Prometheus metrics of the MIG manager.
+
+- ``gpuslice_mig_manager_instances{gpu,profile}``: live GPU instances by profile;
+- ``gpuslice_mig_manager_create_instance_total{result}`` and ``..._duration_seconds``;
+- ``gpuslice_mig_manager_destroy_instance_total{result}`` and ``..._duration_seconds``;
+- ``gpuslice_mig_manager_apply_layout_total{result}`` and ``..._duration_seconds`` (result:
+  success, pending, rebooting, failed);
+- ``gpuslice_mig_manager_drift_total{kind}``: differences between records and GPUs.
+
+``result`` is ``success`` or the error type for creates and destroys, so failures are the
+series whose result is not ``success``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Gauge, Histogram
+from prometheus_client import Counter as PromCounter
+
+from gpuslice_core.metrics import DURATION_BUCKETS, OperationMetrics
+
+COMPONENT = "mig_manager"
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.create = OperationMetrics(
+            COMPONENT, "create_instance", "MIG instance creations", self.registry
+        )
+        self.destroy = OperationMetrics(
+            COMPONENT, "destroy_instance", "MIG instance destructions", self.registry
+        )
+        self.apply_total = PromCounter(
+            "gpuslice_mig_manager_apply_layout_total",
+            "MIG layout applications, by result (success, pending, rebooting, failed).",
+            ["result"],
+            registry=self.registry,
+        )
+        self.apply_duration = Histogram(
+            "gpuslice_mig_manager_apply_layout_duration_seconds",
+            "Time spent applying a MIG layout, by result.",
+            ["result"],
+            buckets=DURATION_BUCKETS,
+            registry=self.registry,
+        )
+        self.drift = PromCounter(
+            "gpuslice_mig_manager_drift_total",
+            "Differences between the MIG manager's records and the GPUs, by kind.",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.instances = Gauge(
+            "gpuslice_mig_manager_instances",
+            "Live MIG GPU instances, by GPU index and profile.",
+            ["gpu", "profile"],
+            registry=self.registry,
+        )
+        self._instance_series: set[tuple[str, str]] = set()
+
+    def observe_apply(self, result: str, seconds: float) -> None:
+        self.apply_total.labels(result=result).inc()
+        self.apply_duration.labels(result=result).observe(seconds)
+
+    def set_instances(self, gpu: int, profiles: Iterable[str]) -> None:
+        """Replace GPU ``gpu``'s per-profile instance counts (profiles gone drop to 0)."""
+        counts = Counter(profiles)
+        label = str(gpu)
+        for series in [s for s in self._instance_series if s[0] == label]:
+            if series[1] not in counts:
+                self.instances.labels(gpu=series[0], profile=series[1]).set(0)
+        for profile, count in counts.items():
+            self.instances.labels(gpu=label, profile=profile).set(count)
+            self._instance_series.add((label, profile))

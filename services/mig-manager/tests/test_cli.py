@@ -1,0 +1,78 @@
+"""Flags, environment variables and start-up failures that name what is wrong."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuslice_mig_manager.cli import build_parser, main
+
+pytestmark = pytest.mark.timeout(20)
+
+FLAGS = {
+    "--node-name": "NODE_NAME",
+    "--kubeconfig": "KUBECONFIG",
+    "--nvml": "NVML_BACKEND",
+    "--fake-nvml-config": "FAKE_NVML_CONFIG",
+    "--state-dir": "STATE_DIR",
+    "--socket": "MIG_MANAGER_SOCKET",
+    "--metrics-addr": "METRICS_ADDR",
+    "--config-file": "MIG_CONFIG_FILE",
+    "--config-map": "MIG_CONFIG_MAP",
+    "--dynamic-mig": "DYNAMIC_MIG",
+    "--reconcile-interval": "RECONCILE_INTERVAL",
+    "--retry-initial": "LAYOUT_RETRY_INITIAL",
+    "--retry-max": "LAYOUT_RETRY_MAX",
+    "--log-level": "LOG_LEVEL",
+}
+
+
+def test_help_documents_every_flag_with_its_variable() -> None:
+    text = " ".join(build_parser().format_help().split())
+    for flag, env in FLAGS.items():
+        assert flag in text and f"[env {env}]" in text, flag
+
+
+def test_environment_variables_set_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DYNAMIC_MIG", "true")
+    monkeypatch.setenv("RECONCILE_INTERVAL", "2.5")
+    monkeypatch.setenv("MIG_MANAGER_SOCKET", "/tmp/x.sock")
+    args = build_parser().parse_args([])
+    assert (args.dynamic_mig, args.reconcile_interval, args.socket) == (True, 2.5, "/tmp/x.sock")
+    assert build_parser().parse_args(["--no-dynamic-mig"]).dynamic_mig is False
+
+
+def test_a_malformed_layout_file_stops_start_up_naming_the_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "layouts.yaml"
+    bad.write_text("version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enable: true\n")
+
+    code = main(["--nvml=fake", f"--config-file={bad}", f"--state-dir={tmp_path}"])
+
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "mig-configs.a[0].mig-enable: unknown key" in err
+
+
+def test_file_and_configmap_are_exclusive(
+    tmp_path: Path, layouts_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main([f"--config-file={layouts_file}", "--config-map=ns/name", "--node-name=n"])
+    assert code == 2
+    assert "mutually exclusive" in capsys.readouterr().err
+
+
+def test_a_bad_configmap_reference_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--config-map=just-a-name", "--node-name=n"]) == 2
+    assert "NAMESPACE/NAME" in capsys.readouterr().err
+
+
+def test_fake_nvml_needs_a_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--nvml=fake", f"--state-dir={tmp_path}"]) == 2
+    assert "--fake-nvml-config" in capsys.readouterr().err
+
+
+def test_probe_fails_without_a_server(short_dir: Path) -> None:
+    assert main(["--probe", f"--socket={short_dir / 'none.sock'}"]) == 1
