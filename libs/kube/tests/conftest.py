@@ -21,13 +21,18 @@ from kubernetes import client
 Route = Callable[[str, str, dict[str, str], Any], tuple[int, Any]]
 
 
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client closing a keep-alive connection is normal here, not a traceback."""
+
+
 class ScriptedServer:
     def __init__(self) -> None:
         self.route: Route = lambda *_: (404, {"message": "no route"})
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self.release = threading.Event()
         handler = self._handler_class()
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.httpd = _QuietServer(("127.0.0.1", 0), handler)
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
