@@ -133,6 +133,16 @@ SERVICES = [
         ),
     ),
     Service(
+        enforcer_pb2,
+        enforcer_pb2_grpc,
+        "EnforcerContainers",
+        "gpuslice.v1.EnforcerContainers",
+        (
+            "/gpuslice.v1.EnforcerContainers/AttachContainer",
+            "/gpuslice.v1.EnforcerContainers/DetachContainer",
+        ),
+    ),
+    Service(
         migmanager_pb2,
         migmanager_pb2_grpc,
         "MigManager",

@@ -12,6 +12,7 @@ See docs/nvml.md for the interface, the fake's config and how faithful the fake 
 
 from gpuslice_nvml.errors import (
     NvmlError,
+    NvmlFunctionNotFound,
     NvmlGpuLost,
     NvmlInsufficientMemory,
     NvmlInsufficientResources,
@@ -25,6 +26,8 @@ from gpuslice_nvml.errors import (
 from gpuslice_nvml.interface import EventWatch, Nvml
 from gpuslice_nvml.select import add_nvml_arguments, nvml_from_args, open_nvml
 from gpuslice_nvml.types import (
+    MEMORY_LIMIT_MAX,
+    MEMORY_PARTITIONING_MIN_DRIVER,
     ComputeInstance,
     ComputeInstanceProfile,
     DeviceRef,
@@ -35,6 +38,7 @@ from gpuslice_nvml.types import (
     HealthEvent,
     HealthEventKind,
     MemoryInfo,
+    MemoryLimits,
     MigDevice,
     MigMode,
     Placement,
@@ -43,9 +47,12 @@ from gpuslice_nvml.types import (
     SystemInfo,
     TopologyLevel,
     UtilizationRates,
+    driver_major,
 )
 
 __all__ = [
+    "MEMORY_LIMIT_MAX",
+    "MEMORY_PARTITIONING_MIN_DRIVER",
     "ComputeInstance",
     "ComputeInstanceProfile",
     "DeviceRef",
@@ -57,10 +64,12 @@ __all__ = [
     "HealthEvent",
     "HealthEventKind",
     "MemoryInfo",
+    "MemoryLimits",
     "MigDevice",
     "MigMode",
     "Nvml",
     "NvmlError",
+    "NvmlFunctionNotFound",
     "NvmlGpuLost",
     "NvmlInUse",
     "NvmlInsufficientMemory",
@@ -77,6 +86,7 @@ __all__ = [
     "TopologyLevel",
     "UtilizationRates",
     "add_nvml_arguments",
+    "driver_major",
     "nvml_from_args",
     "open_nvml",
 ]

@@ -34,6 +34,7 @@ from gpuslice_nvml.types import (
     GpuLink,
     HealthEvent,
     MemoryInfo,
+    MemoryLimits,
     MigDevice,
     MigMode,
     Placement,
@@ -201,6 +202,24 @@ class Nvml(Protocol):
     def process_utilization(self, gpu: int, since_us: int = 0) -> list[ProcessUtilization]:
         """Per-process SM/memory utilization samples newer than ``since_us`` (microseconds
         since the epoch); empty when there are none. ``NvmlNotSupported`` in MIG mode."""
+        ...
+
+    # -- memory partitioning (driver 615+) ------------------------------------------------
+    def set_memory_limits(self, gpu: int, namespace: str, soft_limit: int, hard_limit: int) -> None:
+        """Limit the device memory of the processes of one cgroup on a GPU
+        (``nvmlDeviceSetMemoryLimits_v1``). ``namespace`` is the cgroup's full sysfs path (a
+        cgroup v2 directory). Soft 0 with hard :data:`~gpuslice_nvml.types.MEMORY_LIMIT_MAX`
+        clears the limits; removing the cgroup clears them too.
+
+        Raises ``NvmlFunctionNotFound`` on drivers older than 615 (the capability probe),
+        ``NvmlNotSupported`` on a GPU in MIG mode or for a cgroup outside a cgroup v2 hierarchy,
+        ``NvmlNotFound`` for a cgroup that does not exist, ``NvmlInvalidArgument`` for a
+        relative path or soft > hard, ``NvmlNoPermission`` unless root."""
+        ...
+
+    def memory_limits(self, gpu: int, namespace: str) -> MemoryLimits:
+        """The limits of one cgroup on a GPU and what its processes use
+        (``nvmlDeviceGetMemoryLimits_v1``); the same errors as :meth:`set_memory_limits`."""
         ...
 
     # -- health ---------------------------------------------------------------------------

@@ -19,6 +19,20 @@ NO_INSTANCE_ID = 0xFFFFFFFF
 #: How a caller names a device: a GPU index, a ``GPU-…`` UUID or a ``MIG-…`` UUID.
 DeviceRef = int | str
 
+#: ``NVML_DEVICE_MEMORY_LIMIT_MAX``: the hard limit that means "no limit" (clears a limit with a
+#: soft limit of 0).
+MEMORY_LIMIT_MAX = 0xFFFF_FFFF_FFFF_FFFF
+
+#: The first driver release with driver memory partitioning by cgroup
+#: (``nvmlDeviceSetMemoryLimits_v1``) and MPS protocol 3 (CUDA 13.4).
+MEMORY_PARTITIONING_MIN_DRIVER = 615
+
+
+def driver_major(version: str) -> int:
+    """The release number of a driver version string: ``"615.10.02"`` -> 615 (0 if unparsable)."""
+    head = version.split(".", 1)[0]
+    return int(head) if head.isdigit() else 0
+
 
 @dataclass(frozen=True, slots=True)
 class SystemInfo:
@@ -290,3 +304,24 @@ class HealthEvent:
     compute_instance_id: int | None = None
     #: Seconds since the epoch when the backend saw the event.
     timestamp: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryLimits:
+    """Memory partitioning limits of one cgroup on one GPU (``nvmlDeviceGetMemoryLimits_v1``).
+
+    Below ``soft_limit`` memory is guaranteed; between soft and hard an allocation succeeds but
+    may be evicted under contention; past ``hard_limit`` allocations fail with out-of-memory.
+    No limit reads as soft 0 and hard :data:`MEMORY_LIMIT_MAX`.
+    """
+
+    #: The cgroup's full sysfs path, e.g. ``/sys/fs/cgroup/kubepods/pod…/…``.
+    namespace: str
+    soft_limit: int
+    hard_limit: int
+    #: Device memory the cgroup's processes use on the GPU now.
+    current_used: int
+
+    @property
+    def limited(self) -> bool:
+        return self.hard_limit != MEMORY_LIMIT_MAX or self.soft_limit != 0

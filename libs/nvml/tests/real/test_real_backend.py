@@ -323,3 +323,29 @@ def test_lost_gpu_during_wait_becomes_an_event(nvml: RealNvml, stub: StubH100) -
     with nvml.watch_events([0]) as watch:
         event = watch.wait(1.0)
     assert event is not None and event.kind is HealthEventKind.GPU_LOST
+
+
+def test_memory_limits_pass_the_cgroup_and_decode(nvml: RealNvml, stub: StubH100) -> None:
+    seen: list[tuple[object, int, int]] = []
+
+    def set_limits(handle: Any, limits: Any) -> None:
+        seen.append((limits.nameSpace, limits.softLimit, limits.hardLimit))
+
+    def get_limits(handle: Any, limits: Any) -> None:
+        limits.softLimit, limits.hardLimit, limits.currentUsed = 1 << 20, 2 << 20, 12345
+
+    stub.set("nvmlDeviceSetMemoryLimits_v1", set_limits)
+    stub.set("nvmlDeviceGetMemoryLimits_v1", get_limits)
+    nvml.set_memory_limits(0, "/sys/fs/cgroup/pod/c", 1 << 20, 2 << 20)
+    assert seen == [("/sys/fs/cgroup/pod/c", 1 << 20, 2 << 20)]  # pynvml decodes char*
+    got = nvml.memory_limits(0, "/sys/fs/cgroup/pod/c")
+    assert (got.soft_limit, got.hard_limit, got.current_used) == (1 << 20, 2 << 20, 12345)
+
+
+def test_memory_limits_on_an_old_driver_are_function_not_found(
+    nvml: RealNvml, stub: StubH100
+) -> None:
+    stub.set("nvmlDeviceGetMemoryLimits_v1", raise_(pynvml.NVMLError_FunctionNotFound))
+    with pytest.raises(e.NvmlFunctionNotFound) as caught:
+        nvml.memory_limits(0, "/sys/fs/cgroup")
+    assert isinstance(caught.value.__cause__, pynvml.NVMLError)

@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gpuslice_nvml import errors as e
-from gpuslice_nvml.fake import mig
+from gpuslice_nvml.fake import mig, partition, procfs
+from gpuslice_nvml.fake.activity import UtilizationWindows, live_processes
 from gpuslice_nvml.fake.events import FakeEventWatch
 from gpuslice_nvml.fake.lookup import (
     Target,
@@ -36,6 +37,7 @@ from gpuslice_nvml.types import (
     GpuInstanceProfile,
     GpuLink,
     MemoryInfo,
+    MemoryLimits,
     MigDevice,
     MigMode,
     Placement,
@@ -66,6 +68,7 @@ class FakeNvml(Nvml):
         self._sleep = sleep
         self._wall_clock = wall_clock
         self._poll_interval_s = poll_interval_s
+        self._windows = UtilizationWindows(lambda: int(self._wall_clock() * 1e9))
 
     @classmethod
     def from_config_file(cls, path: str | Path) -> FakeNvml:
@@ -119,9 +122,10 @@ class FakeNvml(Nvml):
         _, gs = live_gpu(self.node, state, gpu, what)
         if gs.mig_current:
             raise e.nvml_error(e.ERROR_NOT_SUPPORTED, what, "not available in MIG mode")
-        procs = [p for p in state.processes if p.gpu == gpu]
+        procs = [p for p in live_processes(state) if p.gpu == gpu]
+        running = [p for p in procs if not (p.real and procfs.frozen(p.pid))]
         return UtilizationRates(
-            gpu_percent=min(100, sum(p.sm_percent for p in procs)),
+            gpu_percent=min(100, sum(p.sm_percent for p in running)),
             memory_percent=min(100, sum(p.memory_percent for p in procs)),
         )
 
@@ -244,7 +248,7 @@ class FakeNvml(Nvml):
         state = self.store.read()
         what = f"nvmlDeviceGetComputeRunningProcesses({device})"
         target: Target = resolve(self.node, state, device, what)
-        return [process_info(self.node, p) for p in state.processes if target.holds(p)]
+        return [process_info(self.node, p) for p in live_processes(state) if target.holds(p)]
 
     def process_utilization(self, gpu: int, since_us: int = 0) -> list[ProcessUtilization]:
         what = f"nvmlDeviceGetProcessUtilization(GPU {gpu})"
@@ -255,11 +259,35 @@ class FakeNvml(Nvml):
         now_us = int(self._wall_clock() * 1_000_000)
         if now_us <= since_us:
             return []
-        return [
-            ProcessUtilization(p.pid, now_us, p.sm_percent, p.memory_percent)
-            for p in state.processes
-            if p.gpu == gpu and (p.sm_percent or p.memory_percent)
+        procs = [
+            p for p in live_processes(state) if p.gpu == gpu and (p.sm_percent or p.memory_percent)
         ]
+        return [
+            ProcessUtilization(p.pid, now_us, self._windows.sm_percent(p), p.memory_percent)
+            for p in procs
+        ]
+
+    # -- memory partitioning (driver 615+) ------------------------------------------------
+    def set_memory_limits(self, gpu: int, namespace: str, soft_limit: int, hard_limit: int) -> None:
+        what = f"nvmlDeviceSetMemoryLimits_v1(GPU {gpu}, {namespace})"
+        partition.require_driver(self.node, what)
+        with self.store.transaction() as state:
+            _, gs = live_gpu(self.node, state, gpu, what)
+            if gs.mig_current:
+                raise e.nvml_error(e.ERROR_NOT_SUPPORTED, what, "not available in MIG mode")
+            path = partition.check_namespace(namespace, what)
+            partition.set_limits(state, gpu, path, soft_limit, hard_limit, what)
+
+    def memory_limits(self, gpu: int, namespace: str) -> MemoryLimits:
+        what = f"nvmlDeviceGetMemoryLimits_v1(GPU {gpu}, {namespace})"
+        partition.require_driver(self.node, what)
+        state = self.store.read()
+        _, gs = live_gpu(self.node, state, gpu, what)
+        if gs.mig_current:
+            raise e.nvml_error(e.ERROR_NOT_SUPPORTED, what, "not available in MIG mode")
+        path = partition.check_namespace(namespace, what)
+        soft, hard = partition.get_limits(state, gpu, path)
+        return MemoryLimits(namespace, soft, hard, partition.used_in(state, gpu, path))
 
     # -- health ---------------------------------------------------------------------------
     def watch_events(self, gpus: Sequence[int] | None = None) -> EventWatch:

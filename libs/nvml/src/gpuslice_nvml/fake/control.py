@@ -12,10 +12,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpuslice_nvml import errors as e
+from gpuslice_nvml.fake import activity, partition
+from gpuslice_nvml.fake.activity import SmAccounting, live_processes
 from gpuslice_nvml.fake.lookup import gpu_by_index, memory_total, memory_used, resolve
 from gpuslice_nvml.fake.lookup import process_info as _process_info
 from gpuslice_nvml.fake.node import FakeNode, load_node
-from gpuslice_nvml.fake.state import EventState, NodeState, ProcessState, StateStore
+from gpuslice_nvml.fake.state import (
+    EventState,
+    MemoryLimitState,
+    NodeState,
+    ProcessState,
+    StateStore,
+)
 from gpuslice_nvml.types import DeviceRef, HealthEvent, HealthEventKind, ProcessInfo
 
 
@@ -40,11 +48,19 @@ class FakeNvmlControl:
         used_memory_bytes: int = 0,
         sm_percent: int = 0,
         memory_percent: int = 0,
+        real: bool = False,
+        accounting: str = "constant",
     ) -> ProcessInfo:
         """Start (or update) process ``pid`` on a GPU or MIG device.
 
         On a GPU in MIG mode processes run on MIG devices, so ``device`` must be a MIG UUID.
         The memory must fit in what the device has free (``NvmlInsufficientMemory``).
+
+        ``real=True`` binds the fake process to the live OS process ``pid`` (see
+        ``gpuslice_nvml.fake.activity``): it vanishes when that process exits, its memory counts
+        against the memory-partitioning limits of its cgroup (an allocation past a hard limit is
+        ``NvmlInsufficientMemory``), and it uses no SM while frozen; ``accounting="runnable"``
+        measures its SM use from its runnable time (for processes that spin).
         """
         what = f"add process {pid} on {device}"
         _check_percent(sm_percent, "sm_percent", what)
@@ -59,6 +75,7 @@ class FakeNvmlControl:
                     what,
                     f"GPU {target.gpu.index} is in MIG mode; start the process on a MIG device",
                 )
+            old = [p for p in state.processes if p.pid == pid and target.holds(p)]
             state.processes = [p for p in state.processes if not (p.pid == pid and target.holds(p))]
             free = memory_total(state, target) - memory_used(state, target)
             if used_memory_bytes > free:
@@ -70,12 +87,72 @@ class FakeNvmlControl:
                 gpu=target.gpu.index,
                 gpu_instance_id=target.gpu_instance_id,
                 compute_instance_id=target.compute_instance_id,
-                used_memory=used_memory_bytes,
+                used_memory=0,
                 sm_percent=sm_percent,
                 memory_percent=memory_percent,
             )
+            if real:
+                activity.attach_real(process, accounting, self._now_ns(), what)
+                if old and activity.live(old[0]):
+                    activity.carry_over(old[0], process)
+                partition.check_allocation(state, process, used_memory_bytes, what)
+            process.used_memory = used_memory_bytes
             state.processes.append(process)
             return _process_info(self.node, process)
+
+    def allocate_memory(self, pid: int, device: DeviceRef, nbytes: int) -> ProcessInfo:
+        """Process ``pid`` allocates ``nbytes`` more on ``device`` (``cudaMalloc``).
+
+        Fails with ``NvmlInsufficientMemory`` when the device has less free, or when it would
+        take the process's cgroup past a memory-partitioning hard limit; nothing changes then.
+        A negative ``nbytes`` frees memory.
+        """
+        what = f"process {pid} allocates {nbytes} bytes on {device}"
+        with self.store.transaction() as state:
+            target = resolve(self.node, state, device, what)
+            process = next(
+                (p for p in live_processes(state) if p.pid == pid and target.holds(p)), None
+            )
+            if process is None:
+                raise e.nvml_error(e.ERROR_NOT_FOUND, what, f"no process {pid} on {device}")
+            new_used = process.used_memory + nbytes
+            if new_used < 0:
+                raise e.nvml_error(
+                    e.ERROR_INVALID_ARGUMENT, what, f"it holds only {process.used_memory} bytes"
+                )
+            free = memory_total(state, target) - memory_used(state, target)
+            if nbytes > free:
+                raise e.nvml_error(e.ERROR_MEMORY, what, f"{nbytes} bytes asked, {free} free")
+            partition.check_allocation(state, process, new_used, what)
+            process.used_memory = new_used
+            return _process_info(self.node, process)
+
+    def sm_accounting(self, pid: int, device: DeviceRef | None = None) -> SmAccounting:
+        """The SM use a runnable-accounted process achieved since it was registered, measured
+        from the kernel's runnable time (so frozen time counts as no SM use)."""
+        what = f"SM accounting of process {pid}"
+        state = self.store.read()
+        target = None if device is None else resolve(self.node, state, device, what)
+        process = next(
+            (
+                p
+                for p in live_processes(state)
+                if p.pid == pid and (target is None or target.holds(p))
+            ),
+            None,
+        )
+        if process is None:
+            raise e.nvml_error(e.ERROR_NOT_FOUND, what, f"no live process {pid}")
+        return activity.accounting(process, self._now_ns(), what)
+
+    def memory_limit_records(self) -> list[MemoryLimitState]:
+        """Every memory-partitioning limit set through NVML (cgroups that still exist)."""
+        state = self.store.read()
+        partition.prune(state)
+        return list(state.memory_limits)
+
+    def _now_ns(self) -> int:
+        return int(self._wall_clock() * 1e9)
 
     def remove_process(self, pid: int, device: DeviceRef | None = None) -> int:
         """End process ``pid`` (on one device, or everywhere); returns how many were removed."""
@@ -103,12 +180,13 @@ class FakeNvmlControl:
             if not matches:
                 raise e.nvml_error(e.ERROR_NOT_FOUND, what, f"no process {pid} on {device}")
             for p in matches:
+                activity.fold(p, p.sm_percent)
                 p.sm_percent = sm_percent
                 p.memory_percent = memory_percent
 
     def processes(self) -> list[ProcessInfo]:
         """Every process on the node."""
-        return [_process_info(self.node, p) for p in self.store.read().processes]
+        return [_process_info(self.node, p) for p in live_processes(self.store.read())]
 
     # -- health ---------------------------------------------------------------------------
     def inject_xid(

@@ -74,6 +74,25 @@ def build_parser() -> EnvArgumentParser:
     add.add_argument("--memory", type=parse_bytes, default=0, help="Memory it uses (8GiB).")
     add.add_argument("--sm", type=int, default=0, help="SM utilization percent it reports.")
     add.add_argument("--mem-util", type=int, default=0, help="Memory utilization percent.")
+    add.add_argument(
+        "--real",
+        action="store_true",
+        help="Bind it to the live OS process --pid (vanishes with it, cgroup limits apply).",
+    )
+    add.add_argument(
+        "--accounting",
+        choices=("constant", "runnable"),
+        default="constant",
+        help="With --real: SM use constant unless frozen, or from the process's runnable time.",
+    )
+    alloc = actions.add_parser("alloc", help="A process allocates (or, negative, frees) memory.")
+    alloc.add_argument("--pid", type=int, required=True, help="Process id.")
+    alloc.add_argument("--device", type=parse_device, required=True, help="GPU index or UUID.")
+    alloc.add_argument("--bytes", type=int, required=True, help="Bytes to allocate (< 0 frees).")
+    accounting = actions.add_parser(
+        "accounting", help="SM use a runnable-accounted process achieved (frozen time excluded)."
+    )
+    accounting.add_argument("--pid", type=int, required=True, help="Process id.")
     remove = actions.add_parser("remove", help="End a process.")
     remove.add_argument("--pid", type=int, required=True, help="Process id.")
     remove.add_argument("--device", type=parse_device, help="Only on this device.")
@@ -84,6 +103,7 @@ def build_parser() -> EnvArgumentParser:
     util.add_argument("--mem-util", type=int, default=0, help="Memory utilization percent.")
     actions.add_parser("list", help="List every process on the node.")
 
+    commands.add_parser("limits", help="List the memory-partitioning limits set per cgroup.")
     commands.add_parser("state", help="Print the node's whole shared state.")
     commands.add_parser("reset", help="Start the node over from its config.")
     return parser
@@ -100,6 +120,8 @@ def run(args: argparse.Namespace, control: FakeNvmlControl) -> Any:
     if args.command == "recover":
         control.mark_gpu_recovered(args.gpu)
         return {"gpu": args.gpu, "lost": False}
+    if args.command == "limits":
+        return {"limits": [lim.model_dump(by_alias=True) for lim in control.memory_limit_records()]}
     if args.command == "state":
         return control.state().model_dump(by_alias=True)
     if args.command == "reset":
@@ -112,7 +134,13 @@ def run(args: argparse.Namespace, control: FakeNvmlControl) -> Any:
             used_memory_bytes=args.memory,
             sm_percent=args.sm,
             memory_percent=args.mem_util,
+            real=args.real,
+            accounting=args.accounting,
         )
+    if args.action == "alloc":
+        return control.allocate_memory(args.pid, args.device, args.bytes)
+    if args.action == "accounting":
+        return control.sm_accounting(args.pid)
     if args.action == "remove":
         return {"removed": control.remove_process(args.pid, args.device)}
     if args.action == "util":

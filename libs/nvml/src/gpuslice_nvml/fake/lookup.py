@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuslice_nvml import errors as e
+from gpuslice_nvml.fake.activity import live_processes
 from gpuslice_nvml.fake.node import FakeGpu, FakeNode
 from gpuslice_nvml.fake.state import GiState, GpuState, NodeState, ProcessState
 from gpuslice_nvml.types import MIB, DeviceRef, ProcessInfo
@@ -94,12 +95,13 @@ def memory_total(state: NodeState, target: Target) -> int:
 
 def memory_used(state: NodeState, target: Target) -> int:
     """Memory used on the device; a MIG device's compute instances share their GPU instance's."""
+    running = live_processes(state)
     if target.gpu_instance_id is None:
-        procs = [p for p in state.processes if p.gpu == target.gpu.index]
+        procs = [p for p in running if p.gpu == target.gpu.index]
     else:
         procs = [
             p
-            for p in state.processes
+            for p in running
             if p.gpu == target.gpu.index and p.gpu_instance_id == target.gpu_instance_id
         ]
     return sum(p.used_memory for p in procs)

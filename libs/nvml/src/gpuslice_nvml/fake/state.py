@@ -60,6 +60,30 @@ class ProcessState(_Model):
     used_memory: int = 0
     sm_percent: int = 0
     memory_percent: int = 0
+    #: Backed by a live OS process (see ``fake.procfs``): it vanishes when that process exits,
+    #: its cgroup's memory limits apply, and it uses no SM while frozen.
+    real: bool = False
+    #: The OS process's start time (clock ticks since boot), to tell a reused pid apart.
+    start_time: int | None = None
+    #: How SM use accrues: "constant" (``sm_percent`` whenever it is not frozen) or "runnable"
+    #: (``sm_percent`` times the fraction of time the spinning process was runnable).
+    accounting: str = "constant"
+    #: Wall clock (ns since the epoch) and runnable time (ns) when the process was registered.
+    started_ns: int | None = None
+    runnable_start_ns: int | None = None
+    #: Runnable time when ``sm_percent`` last changed, and the SM-weighted runnable time
+    #: (fraction x ns) accumulated before that.
+    fold_runnable_ns: int | None = None
+    busy_before_fold_ns: float = 0.0
+
+
+class MemoryLimitState(_Model):
+    """Driver memory-partitioning limits of one cgroup (``namespace``) on one GPU."""
+
+    gpu: int
+    namespace: str
+    soft_limit: int
+    hard_limit: int
 
 
 class EventState(_Model):
@@ -77,6 +101,7 @@ class NodeState(_Model):
     config_digest: str
     gpus: list[GpuState]
     processes: list[ProcessState] = []
+    memory_limits: list[MemoryLimitState] = []
     events: list[EventState] = []
     next_event_seq: int = 1
 

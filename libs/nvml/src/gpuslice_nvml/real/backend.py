@@ -30,6 +30,7 @@ from gpuslice_nvml.types import (
     GpuInstanceProfile,
     GpuLink,
     MemoryInfo,
+    MemoryLimits,
     MigDevice,
     MigMode,
     Placement,
@@ -384,6 +385,29 @@ class RealNvml(Nvml):
             ProcessUtilization(int(s.pid), int(s.timeStamp), int(s.smUtil), int(s.memUtil))
             for s in samples
         ]
+
+    # -- memory partitioning (driver 615+) ------------------------------------------------
+    def set_memory_limits(self, gpu: int, namespace: str, soft_limit: int, hard_limit: int) -> None:
+        what = f"nvmlDeviceSetMemoryLimits_v1(GPU {gpu}, {namespace})"
+        h = self._handle(gpu, what)
+        limits = pynvml.c_nvmlSetMemoryLimits_v1_t()
+        limits.nameSpace = namespace.encode()
+        limits.softLimit = soft_limit
+        limits.hardLimit = hard_limit
+        c.call(what, pynvml.nvmlDeviceSetMemoryLimits_v1, h, limits)
+
+    def memory_limits(self, gpu: int, namespace: str) -> MemoryLimits:
+        what = f"nvmlDeviceGetMemoryLimits_v1(GPU {gpu}, {namespace})"
+        h = self._handle(gpu, what)
+        limits = pynvml.c_nvmlGetMemoryLimits_v1_t()
+        limits.nameSpace = namespace.encode()
+        c.call(what, pynvml.nvmlDeviceGetMemoryLimits_v1, h, limits)
+        return MemoryLimits(
+            namespace=namespace,
+            soft_limit=int(limits.softLimit),
+            hard_limit=int(limits.hardLimit),
+            current_used=int(limits.currentUsed),
+        )
 
     # -- health ---------------------------------------------------------------------------
     def watch_events(self, gpus: Sequence[int] | None = None) -> EventWatch:

@@ -876,6 +876,8 @@ class GpuCapabilities(_message.Message):
     MPS_LEGACY_FIELD_NUMBER: _builtins.int
     MIG_FIELD_NUMBER: _builtins.int
     LEVEL_FIELD_NUMBER: _builtins.int
+    MEMORY_MECHANISM_FIELD_NUMBER: _builtins.int
+    CORES_MECHANISM_FIELD_NUMBER: _builtins.int
     uuid: _builtins.str
     """UUID of the GPU ("GPU-...")."""
     driver_version: _builtins.str
@@ -884,6 +886,13 @@ class GpuCapabilities(_message.Message):
     """The level a share on this GPU gets in mode AUTO: HARD if a hard mechanism is available for
     both memory and cores, else SOFT.
     """
+    memory_mechanism: Global___Mechanism.ValueType
+    """The mechanism that enforces the memory limit of a share on this GPU in mode AUTO (the
+    strongest available), e.g. MECHANISM_MEMORY_PARTITION. The kubelet plugin publishes it with
+    `level` as device attributes.
+    """
+    cores_mechanism: Global___Mechanism.ValueType
+    """The mechanism that enforces the SM limit of a share on this GPU in mode AUTO."""
     @_builtins.property
     def memory_partitioning(self) -> Global___Capability:
         """Driver memory partitioning by cgroup (MECHANISM_MEMORY_PARTITION)."""
@@ -912,10 +921,12 @@ class GpuCapabilities(_message.Message):
         mps_legacy: Global___Capability | None = ...,
         mig: Global___Capability | None = ...,
         level: Global___EnforcementLevel.ValueType = ...,
+        memory_mechanism: Global___Mechanism.ValueType = ...,
+        cores_mechanism: Global___Mechanism.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["memory_partitioning", b"memory_partitioning", "mig", b"mig", "mps_legacy", b"mps_legacy", "mps_protocol3", b"mps_protocol3"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["driver_version", b"driver_version", "level", b"level", "memory_partitioning", b"memory_partitioning", "mig", b"mig", "mps_legacy", b"mps_legacy", "mps_protocol3", b"mps_protocol3", "uuid", b"uuid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cores_mechanism", b"cores_mechanism", "driver_version", b"driver_version", "level", b"level", "memory_mechanism", b"memory_mechanism", "memory_partitioning", b"memory_partitioning", "mig", b"mig", "mps_legacy", b"mps_legacy", "mps_protocol3", b"mps_protocol3", "uuid", b"uuid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -942,3 +953,125 @@ class GetCapabilitiesResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetCapabilitiesResponse: _TypeAlias = GetCapabilitiesResponse  # noqa: Y015
+
+@_typing.final
+class AttachContainerRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLAIM_UID_FIELD_NUMBER: _builtins.int
+    SHARE_ID_FIELD_NUMBER: _builtins.int
+    CONTAINER_ID_FIELD_NUMBER: _builtins.int
+    PID_FIELD_NUMBER: _builtins.int
+    CGROUP_LINES_FIELD_NUMBER: _builtins.int
+    claim_uid: _builtins.str
+    """UID of the ResourceClaim whose share the container uses. Required."""
+    share_id: _builtins.str
+    """The share's ID as CreateShare returned it; when set it must match (a stale CDI spec of an
+    earlier share of the same claim is refused with FAILED_PRECONDITION).
+    """
+    container_id: _builtins.str
+    """The container's ID (OCI state `id`). Required; the attachment's identity within the share."""
+    pid: _builtins.int
+    """Host PID of the container's init process (OCI state `pid`). Required; its cgroups are the
+    container's.
+    """
+    @_builtins.property
+    def cgroup_lines(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The lines of /proc/<pid>/cgroup as the hook read them. Optional: the enforcer reads them
+        itself when it shares the host PID namespace; it uses these when it cannot.
+        """
+
+    def __init__(
+        self,
+        *,
+        claim_uid: _builtins.str = ...,
+        share_id: _builtins.str = ...,
+        container_id: _builtins.str = ...,
+        pid: _builtins.int = ...,
+        cgroup_lines: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cgroup_lines", b"cgroup_lines", "claim_uid", b"claim_uid", "container_id", b"container_id", "pid", b"pid", "share_id", b"share_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AttachContainerRequest: _TypeAlias = AttachContainerRequest  # noqa: Y015
+
+@_typing.final
+class AttachContainerResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ATTACHED_FIELD_NUMBER: _builtins.int
+    CGROUP_PATHS_FIELD_NUMBER: _builtins.int
+    LIMITS_FIELD_NUMBER: _builtins.int
+    attached: _builtins.bool
+    """True if this call attached the container; false if it was already attached."""
+    @_builtins.property
+    def cgroup_paths(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The cgroup directories (sysfs paths) the share's limits were bound to, e.g. the container's
+        cgroup v2 directory and its cgroup v1 freezer directory.
+        """
+
+    @_builtins.property
+    def limits(self) -> _containers.RepeatedCompositeFieldContainer[Global___LimitEnforcement]:
+        """How each limit is enforced for this container (as in CreateShareResponse.limits)."""
+
+    def __init__(
+        self,
+        *,
+        attached: _builtins.bool = ...,
+        cgroup_paths: _abc.Iterable[_builtins.str] | None = ...,
+        limits: _abc.Iterable[Global___LimitEnforcement] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attached", b"attached", "cgroup_paths", b"cgroup_paths", "limits", b"limits"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AttachContainerResponse: _TypeAlias = AttachContainerResponse  # noqa: Y015
+
+@_typing.final
+class DetachContainerRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLAIM_UID_FIELD_NUMBER: _builtins.int
+    CONTAINER_ID_FIELD_NUMBER: _builtins.int
+    claim_uid: _builtins.str
+    """UID of the ResourceClaim. Required."""
+    container_id: _builtins.str
+    """The container's ID (OCI state `id`). Required."""
+    def __init__(
+        self,
+        *,
+        claim_uid: _builtins.str = ...,
+        container_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["claim_uid", b"claim_uid", "container_id", b"container_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DetachContainerRequest: _TypeAlias = DetachContainerRequest  # noqa: Y015
+
+@_typing.final
+class DetachContainerResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DETACHED_FIELD_NUMBER: _builtins.int
+    detached: _builtins.bool
+    """True if the container was attached and is now forgotten."""
+    def __init__(
+        self,
+        *,
+        detached: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detached", b"detached"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DetachContainerResponse: _TypeAlias = DetachContainerResponse  # noqa: Y015

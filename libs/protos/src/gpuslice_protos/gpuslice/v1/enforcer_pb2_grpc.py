@@ -282,3 +282,139 @@ class Enforcer:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class EnforcerContainersStub:
+    """EnforcerContainers is called by the CDI hooks the enforcer puts into a share's container edits
+    (the `gpuslice-enforcer-hook` helper, run by the container runtime on the host). It is a service
+    of its own, next to Enforcer, so that clients and servicers of Enforcer are not affected by it.
+    Served on the same socket as Enforcer.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.AttachContainer = channel.unary_unary(
+                '/gpuslice.v1.EnforcerContainers/AttachContainer',
+                request_serializer=gpuslice__protos_dot_gpuslice_dot_v1_dot_enforcer__pb2.AttachContainerRequest.SerializeToString,
+                response_deserializer=gpuslice__protos_dot_gpuslice_dot_v1_dot_enforcer__pb2.AttachContainerResponse.FromString,
+                _registered_method=True)
+        self.DetachContainer = channel.unary_unary(
+                '/gpuslice.v1.EnforcerContainers/DetachContainer',
+                request_serializer=gpuslice__protos_dot_gpuslice_dot_v1_dot_enforcer__pb2.DetachContainerRequest.SerializeToString,
+                response_deserializer=gpuslice__protos_dot_gpuslice_dot_v1_dot_enforcer__pb2.DetachContainerResponse.FromString,
+                _registered_method=True)
+
+
+class EnforcerContainersServicer:
+    """EnforcerContainers is called by the CDI hooks the enforcer puts into a share's container edits
+    (the `gpuslice-enforcer-hook` helper, run by the container runtime on the host). It is a service
+    of its own, next to Enforcer, so that clients and servicers of Enforcer are not affected by it.
+    Served on the same socket as Enforcer.
+    """
+
+    def AttachContainer(self, request, context):
+        """AttachContainer binds a just-created container (identified by the host PID of its init
+        process, from the OCI state) to a share: the enforcer reads the container's cgroups, applies
+        the share's cgroup-bound limits (driver memory partitioning) and registers the cgroups with
+        the watchdog. It returns only when every limit is in force, and fails (FAILED_PRECONDITION,
+        NOT_FOUND, ...) when one cannot be set, so the hook can fail the container's creation.
+        Idempotent per (claim_uid, container_id).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DetachContainer(self, request, context):
+        """DetachContainer forgets a container of a share (its poststop hook). Idempotent: detaching an
+        unknown container succeeds with detached = false. Limits bound to the container's cgroup go
+        away with the cgroup.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_EnforcerContainersServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'AttachContainer': grpc.unary_unary_rpc_method_handler(
+                    servicer.AttachContainer,
+                    request_deserializer=gpuslice__protos_dot_gpuslice_dot_v1_dot_enforcer__pb2.AttachContainerRequest.FromString,
+                    response_serializer=gpuslice__protos_dot_gpuslice_dot_v1_dot_enforcer__pb2.AttachContainerResponse.SerializeToString,
+            ),
+            'DetachContainer': grpc.unary_unary_rpc_method_handler(
+                    servicer.DetachContainer,
+                    request_deserializer=gpuslice__protos_dot_gpuslice_dot_v1_dot_enforcer__pb2.DetachContainerRequest.FromString,
+                    response_serializer=gpuslice__protos_dot_gpuslice_dot_v1_dot_enforcer__pb2.DetachContainerResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'gpuslice.v1.EnforcerContainers', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('gpuslice.v1.EnforcerContainers', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class EnforcerContainers:
+    """EnforcerContainers is called by the CDI hooks the enforcer puts into a share's container edits
+    (the `gpuslice-enforcer-hook` helper, run by the container runtime on the host). It is a service
+    of its own, next to Enforcer, so that clients and servicers of Enforcer are not affected by it.
+    Served on the same socket as Enforcer.
+    """
+
+    @staticmethod
+    def AttachContainer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuslice.v1.EnforcerContainers/AttachContainer',
+            gpuslice__protos_dot_gpuslice_dot_v1_dot_enforcer__pb2.AttachContainerRequest.SerializeToString,
+            gpuslice__protos_dot_gpuslice_dot_v1_dot_enforcer__pb2.AttachContainerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DetachContainer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuslice.v1.EnforcerContainers/DetachContainer',
+            gpuslice__protos_dot_gpuslice_dot_v1_dot_enforcer__pb2.DetachContainerRequest.SerializeToString,
+            gpuslice__protos_dot_gpuslice_dot_v1_dot_enforcer__pb2.DetachContainerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

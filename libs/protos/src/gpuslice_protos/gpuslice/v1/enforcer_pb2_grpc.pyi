@@ -107,3 +107,59 @@ class EnforcerServicer(metaclass=_abc_1.ABCMeta):
         """
 
 def add_EnforcerServicer_to_server(servicer: EnforcerServicer, server: _grpc.Server) -> None: ...
+
+class EnforcerContainersStub:
+    """EnforcerContainers is called by the CDI hooks the enforcer puts into a share's container edits
+    (the `gpuslice-enforcer-hook` helper, run by the container runtime on the host). It is a service
+    of its own, next to Enforcer, so that clients and servicers of Enforcer are not affected by it.
+    Served on the same socket as Enforcer.
+    """
+
+    def __init__(self, channel: _grpc.Channel) -> None: ...
+    AttachContainer: _grpc.UnaryUnaryMultiCallable[_enforcer_pb2.AttachContainerRequest, _enforcer_pb2.AttachContainerResponse]
+    """AttachContainer binds a just-created container (identified by the host PID of its init
+    process, from the OCI state) to a share: the enforcer reads the container's cgroups, applies
+    the share's cgroup-bound limits (driver memory partitioning) and registers the cgroups with
+    the watchdog. It returns only when every limit is in force, and fails (FAILED_PRECONDITION,
+    NOT_FOUND, ...) when one cannot be set, so the hook can fail the container's creation.
+    Idempotent per (claim_uid, container_id).
+    """
+    DetachContainer: _grpc.UnaryUnaryMultiCallable[_enforcer_pb2.DetachContainerRequest, _enforcer_pb2.DetachContainerResponse]
+    """DetachContainer forgets a container of a share (its poststop hook). Idempotent: detaching an
+    unknown container succeeds with detached = false. Limits bound to the container's cgroup go
+    away with the cgroup.
+    """
+
+class EnforcerContainersServicer(metaclass=_abc_1.ABCMeta):
+    """EnforcerContainers is called by the CDI hooks the enforcer puts into a share's container edits
+    (the `gpuslice-enforcer-hook` helper, run by the container runtime on the host). It is a service
+    of its own, next to Enforcer, so that clients and servicers of Enforcer are not affected by it.
+    Served on the same socket as Enforcer.
+    """
+
+    @_abc_1.abstractmethod
+    def AttachContainer(
+        self,
+        request: _enforcer_pb2.AttachContainerRequest,
+        context: _grpc.ServicerContext,
+    ) -> _enforcer_pb2.AttachContainerResponse:
+        """AttachContainer binds a just-created container (identified by the host PID of its init
+        process, from the OCI state) to a share: the enforcer reads the container's cgroups, applies
+        the share's cgroup-bound limits (driver memory partitioning) and registers the cgroups with
+        the watchdog. It returns only when every limit is in force, and fails (FAILED_PRECONDITION,
+        NOT_FOUND, ...) when one cannot be set, so the hook can fail the container's creation.
+        Idempotent per (claim_uid, container_id).
+        """
+
+    @_abc_1.abstractmethod
+    def DetachContainer(
+        self,
+        request: _enforcer_pb2.DetachContainerRequest,
+        context: _grpc.ServicerContext,
+    ) -> _enforcer_pb2.DetachContainerResponse:
+        """DetachContainer forgets a container of a share (its poststop hook). Idempotent: detaching an
+        unknown container succeeds with detached = false. Limits bound to the container's cgroup go
+        away with the cgroup.
+        """
+
+def add_EnforcerContainersServicer_to_server(servicer: EnforcerContainersServicer, server: _grpc.Server) -> None: ...

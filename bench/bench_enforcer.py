@@ -1,0 +1,250 @@
+"""Enforcer figures on the fake NVML with real processes and real cgroups. Prints figures;
+asserts nothing. Needs root (cgroups).
+
+    .venv/bin/python bench/bench_enforcer.py [--seconds S] [--trials N]
+
+1. Watchdog CPU cost per sampled process: the enforcer process's CPU time (utime + stime from
+   /proc) while it samples shares holding 0..N real processes every 100 ms.
+2. Reaction time: from a process's allocation past its share's memory limit to its death.
+3. Prepare to limits-in-force per mechanism: CreateShare, and the CDI hook attaching a container.
+4. SM throttling accuracy: achieved SM share (from the fake's runnable-time accounting) for
+   several limits against a process that wants 90%.
+
+The fake NVML reads one JSON state file per call, so the absolute sampling cost is the fake's;
+per-process cost (cgroup lookup, mapping, accounting) and the reaction/accuracy figures carry
+over to a real node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from gpuslice_enforcer.testing import (
+    Cgroups,
+    EnforcerProcess,
+    Workload,
+    cgroup2_root,
+    remove_tree,
+    run_hook,
+    share_request,
+    short_tempdir,
+)
+from gpuslice_nvml.fake import FakeNvml, FakeNvmlControl
+from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
+
+MIB = 1 << 20
+NODE = 'name: bench\ndriverVersion: "{driver}"\nstatePath: state.json\ngpus:\n  - model: L4\n'
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+CREATED: list[Path] = []
+
+
+def node(driver: str) -> Path:
+    directory = short_tempdir("gs-bench-")
+    CREATED.append(directory)
+    config = directory / "node.yaml"
+    config.write_text(NODE.format(driver=driver))
+    return config
+
+
+def hook_of(reply: pb.CreateShareResponse) -> pb.Hook:
+    return next(h for h in reply.container_edits.hooks if h.hook_name == "createContainer")
+
+
+def watchdog_cost(seconds: float) -> None:
+    print("\n1. watchdog CPU cost (sampling every 100 ms, one share holding N processes)")
+    config = node("570.158.01")
+    proc = EnforcerProcess(config, config.parent, ["--mps=off", "--log-level=warning"]).start()
+    control = FakeNvmlControl.from_config_file(config)
+    uuid = FakeNvml.from_config_file(config).gpu(0).uuid
+    sleepers: list[subprocess.Popen[bytes]] = []
+    baseline = None
+    try:
+        with proc.channel() as channel, Cgroups() as groups:
+            reply = proc.stub(channel).CreateShare(
+                share_request("bench-cost", uuid, memory=8 << 30)
+            )
+            box = groups.container()
+            anchor = Workload(config, cgroup_dirs=box)
+            run_hook(hook_of(reply), "bench-ctr", anchor.pid)
+            for count in (0, 10, 50, 100):
+                while len(sleepers) < count:
+                    sleeper = subprocess.Popen(["sleep", "600"])
+                    for directory in box:
+                        (directory / "cgroup.procs").write_text(str(sleeper.pid))
+                    control.add_process(sleeper.pid, 0, used_memory_bytes=MIB, real=True)
+                    sleepers.append(sleeper)
+                time.sleep(0.5)
+                start_cpu, start = cpu_seconds(proc.proc.pid), time.monotonic()  # type: ignore[union-attr]
+                time.sleep(seconds)
+                cpu = cpu_seconds(proc.proc.pid) - start_cpu  # type: ignore[union-attr]
+                wall = time.monotonic() - start
+                per_sample_ms = cpu / (wall / 0.1) * 1e3
+                nvml_ms = fake_nvml_ms(config)
+                own_ms = per_sample_ms - nvml_ms
+                note = ""
+                if baseline is not None and count:
+                    extra_us = (own_ms - baseline) * 1e3 / count
+                    note = f" -> enforcer {extra_us:5.1f} us per extra process"
+                else:
+                    baseline = own_ms
+                print(
+                    f"   {count + 1:4d} processes: {cpu / wall * 100:5.1f}% of a core, "
+                    f"{per_sample_ms:6.2f} ms CPU per sample (fake NVML {nvml_ms:5.2f} ms, "
+                    f"enforcer {own_ms:5.2f} ms){note}"
+                )
+            anchor.stop()
+    finally:
+        for sleeper in sleepers:
+            sleeper.kill()
+            sleeper.wait()
+        proc.stop()
+
+
+def fake_nvml_ms(config: Path, rounds: int = 30) -> float:
+    """CPU ms one watchdog sample spends in the fake NVML (read in this process)."""
+    fake = FakeNvml.from_config_file(config)
+    start = time.process_time()
+    for _ in range(rounds):
+        fake.running_processes(0)
+        fake.process_utilization(0)
+    return (time.process_time() - start) / rounds * 1e3
+
+
+def reaction(trials: int) -> None:
+    print("\n2. reaction time: allocation past the memory limit -> process killed")
+    config = node("570.158.01")
+    proc = EnforcerProcess(config, config.parent, ["--mps=off", "--log-level=warning"]).start()
+    uuid = FakeNvml.from_config_file(config).gpu(0).uuid
+    times = []
+    try:
+        with proc.channel() as channel, Cgroups() as groups:
+            stub = proc.stub(channel)
+            for trial in range(trials):
+                claim = f"bench-kill-{trial}"
+                reply = stub.CreateShare(share_request(claim, uuid, memory=64 * MIB))
+                workload = Workload(config, memory=32 * MIB, cgroup_dirs=groups.container())
+                run_hook(hook_of(reply), f"ctr-{trial}", workload.pid)
+                time.sleep(0.25)
+                workload.ask(f"alloc {64 * MIB}")
+                over = time.monotonic()
+                workload.proc.wait(timeout=10)
+                times.append(time.monotonic() - over)
+                workload.stop()
+                stub.ReleaseShare(pb.ReleaseShareRequest(claim_uid=claim))
+    finally:
+        proc.stop()
+    print(
+        f"   {trials} trials: median {statistics.median(times) * 1e3:.0f} ms, "
+        f"max {max(times) * 1e3:.0f} ms (sampling period 100 ms)"
+    )
+
+
+def prepare_to_enforced(trials: int) -> None:
+    print("\n3. prepare -> limits in force (CreateShare; then the CDI hook attaching a container)")
+    cases = [
+        ("watchdog (driver 570, MPS off)", "570.158.01", ["--mps=off"]),
+        ("legacy MPS (driver 570)", "570.158.01", ["--memory-partitioning=off"]),
+        ("memory partitioning (driver 615, MPS off)", "615.20.01", ["--mps=off"]),
+        ("MPS protocol 3 (driver 615)", "615.20.01", ["--memory-partitioning=off"]),
+    ]
+    for label, driver, args in cases:
+        if "partitioning (" in label and cgroup2_root() is None:
+            print(f"   {label:<44} skipped: no cgroup v2")
+            continue
+        config = node(driver)
+        proc = EnforcerProcess(config, config.parent, [*args, "--log-level=warning"]).start()
+        uuid = FakeNvml.from_config_file(config).gpu(0).uuid
+        creates, hooks = [], []
+        try:
+            with proc.channel() as channel, Cgroups() as groups:
+                stub = proc.stub(channel)
+                for trial in range(trials):
+                    claim = f"bench-prep-{trial}"
+                    start = time.perf_counter()
+                    reply = stub.CreateShare(share_request(claim, uuid, memory=GIB_1))
+                    creates.append(time.perf_counter() - start)
+                    workload = Workload(config, cgroup_dirs=groups.container())
+                    start = time.perf_counter()
+                    run_hook(hook_of(reply), f"ctr-{trial}", workload.pid)
+                    hooks.append(time.perf_counter() - start)
+                    workload.stop()  # the shares stay: later ones find the MPS daemon up
+                for trial in range(trials):
+                    stub.ReleaseShare(pb.ReleaseShareRequest(claim_uid=f"bench-prep-{trial}"))
+        finally:
+            proc.stop()
+            proc.stop_mps_daemons()
+        print(
+            f"   {label:<44} CreateShare first {creates[0] * 1e3:5.0f} ms, then median "
+            f"{statistics.median(creates[1:]) * 1e3:5.0f} ms; hook median "
+            f"{statistics.median(hooks) * 1e3:5.0f} ms"
+        )
+
+
+GIB_1 = 1 << 30
+
+
+def accuracy(seconds: float) -> None:
+    print("\n4. SM throttling accuracy (demand 90%, measured after the burst credit is spent)")
+    config = node("570.158.01")
+    proc = EnforcerProcess(config, config.parent, ["--mps=off", "--log-level=warning"]).start()
+    control = FakeNvmlControl.from_config_file(config)
+    uuid = FakeNvml.from_config_file(config).gpu(0).uuid
+    try:
+        with proc.channel() as channel, Cgroups() as groups:
+            stub = proc.stub(channel)
+            for limit in (10, 30, 70):
+                claim = f"bench-sm-{limit}"
+                reply = stub.CreateShare(
+                    share_request(claim, uuid, cores=limit, mode=pb.ENFORCEMENT_MODE_SOFT)
+                )
+                workload = Workload(config, sm=90, cgroup_dirs=groups.container())
+                run_hook(hook_of(reply), f"ctr-{limit}", workload.pid)
+                # settle: the 0.5 s burst credit (limit x 0.5 %s) drains at (90 - limit) %/s
+                time.sleep(1.0 + 0.5 * limit / (90 - limit))
+                a = control.sm_accounting(workload.pid)
+                time.sleep(seconds)
+                b = control.sm_accounting(workload.pid)
+                achieved = (b.busy_seconds - a.busy_seconds) / (b.wall_seconds - a.wall_seconds)
+                print(
+                    f"   limit {limit:3d}%: achieved {achieved * 100:5.1f}% "
+                    f"(error {achieved * 100 - limit:+5.1f} points over {seconds:.0f} s)"
+                )
+                workload.stop()
+                stub.ReleaseShare(pb.ReleaseShareRequest(claim_uid=claim))
+    finally:
+        proc.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=float, default=5.0, help="Measuring window.")
+    parser.add_argument("--trials", type=int, default=5, help="Trials per timing.")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("bench_enforcer needs root (it creates cgroups)")
+    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
+    try:
+        watchdog_cost(args.seconds)
+        reaction(args.trials)
+        prepare_to_enforced(args.trials)
+        accuracy(args.seconds)
+    finally:
+        for directory in CREATED:
+            remove_tree(directory)
+
+
+if __name__ == "__main__":
+    main()

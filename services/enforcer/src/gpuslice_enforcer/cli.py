@@ -1,0 +1,209 @@
+"""``gpuslice-enforcer``: flags (each with an environment variable) and the main loop."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from gpuslice_core import logging as gslog
+from gpuslice_core.cli import EnvArgumentParser
+from gpuslice_core.errors import GpusliceError
+from gpuslice_core.grpcserver import wait_for_signal
+from gpuslice_core.metrics import serve as serve_metrics
+from gpuslice_enforcer.config import MEMORY_ACTIONS, SM_ACTIONS, EnforcerConfig
+from gpuslice_enforcer.server import Enforcer
+from gpuslice_nvml import add_nvml_arguments, nvml_from_args
+
+
+def build_parser() -> EnvArgumentParser:
+    p = EnvArgumentParser(
+        prog="gpuslice-enforcer",
+        description=(
+            "Enforce per-claim GPU cores and memory limits on this node with the strongest "
+            "mechanism each GPU offers (driver memory partitioning, MPS, an NVML watchdog)."
+        ),
+    )
+    p.add_flag("--node-name", env="NODE_NAME", default="", help="Name of this node, for logs.")
+    p.add_flag(
+        "--socket",
+        env="ENFORCER_SOCKET",
+        default="/var/run/gpuslice/enforcer.sock",
+        help="Unix socket to serve the Enforcer API on (shared with the kubelet plugin).",
+    )
+    p.add_flag(
+        "--hook-socket",
+        env="ENFORCER_HOOK_SOCKET",
+        default="",
+        help="The same socket's path as the host sees it, for the CDI hook (default: --socket).",
+    )
+    p.add_flag(
+        "--hook-path",
+        env="ENFORCER_HOOK_PATH",
+        default="/usr/local/bin/gpuslice-enforcer-hook",
+        help="Host path of gpuslice-enforcer-hook, put into container edits; empty disables hooks.",
+    )
+    p.add_flag(
+        "--hook-timeout",
+        env="ENFORCER_HOOK_TIMEOUT",
+        type=int,
+        default=10,
+        help="Seconds the CDI hook may wait for the limits to be in force.",
+    )
+    p.add_flag(
+        "--state-dir",
+        env="STATE_DIR",
+        default="/var/lib/gpuslice/enforcer",
+        help="Directory of the enforcer's checkpoint.",
+    )
+    p.add_flag(
+        "--metrics-addr",
+        env="METRICS_ADDR",
+        default=":9402",
+        help="HOST:PORT to serve Prometheus metrics on; empty disables them.",
+    )
+    p.add_flag(
+        "--log-level",
+        env="LOG_LEVEL",
+        default="info",
+        choices=gslog.LEVELS,
+        help="Lowest level of log lines to write.",
+    )
+    p.add_flag(
+        "--sample-interval",
+        env="ENFORCER_SAMPLE_INTERVAL",
+        type=float,
+        default=0.1,
+        help="Seconds between two watchdog samples of per-process memory and SM use.",
+    )
+    p.add_flag(
+        "--memory-action",
+        env="ENFORCER_MEMORY_ACTION",
+        default="kill",
+        choices=MEMORY_ACTIONS,
+        help="What the watchdog does to a process of a share over its memory limit.",
+    )
+    p.add_flag(
+        "--sm-action",
+        env="ENFORCER_SM_ACTION",
+        default="throttle",
+        choices=SM_ACTIONS,
+        help="What the watchdog does to a share over its SM limit (throttle freezes its cgroups).",
+    )
+    p.add_flag(
+        "--burst-seconds",
+        env="ENFORCER_BURST_SECONDS",
+        type=float,
+        default=0.5,
+        help="How long a share may run above its SM limit after having been under it.",
+    )
+    p.add_flag(
+        "--memory-partitioning",
+        env="ENFORCER_MEMORY_PARTITIONING",
+        default="auto",
+        choices=("auto", "off"),
+        help="Use driver memory partitioning by cgroup where the driver offers it (615+).",
+    )
+    p.add_flag(
+        "--mps",
+        env="ENFORCER_MPS",
+        default="auto",
+        choices=("auto", "off"),
+        help="Use MPS (protocol 3 namespaces, else legacy MPS) for hard SM limits where possible.",
+    )
+    p.add_flag(
+        "--mps-control",
+        env="ENFORCER_MPS_CONTROL",
+        default="",
+        help=(
+            "The MPS control command; default nvidia-cuda-mps-control, or with --nvml=fake the "
+            "stand-in gpuslice_nvml/fake/mps_control.py."
+        ),
+    )
+    p.add_flag(
+        "--mps-root",
+        env="ENFORCER_MPS_ROOT",
+        default="/var/run/gpuslice/mps",
+        help="Host directory holding each GPU's MPS pipe directory (short: socket paths).",
+    )
+    p.add_flag(
+        "--mps-container-dir",
+        env="ENFORCER_MPS_CONTAINER_DIR",
+        default="/var/run/gpuslice/mps",
+        help="Where containers see their MPS pipe directory (CUDA_MPS_PIPE_DIRECTORY).",
+    )
+    p.add_bool_flag(
+        "--mps-multiuser",
+        env="ENFORCER_MPS_MULTIUSER",
+        help="Start legacy MPS daemons in multi-user mode (-m).",
+    )
+    p.add_bool_flag(
+        "--stop-mps-on-exit",
+        env="ENFORCER_STOP_MPS_ON_EXIT",
+        help="Stop the MPS daemons when the enforcer exits (this interrupts MPS clients).",
+    )
+    add_nvml_arguments(p)
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> EnforcerConfig:
+    control = tuple(shlex.split(args.mps_control)) if args.mps_control else None
+    mps_env: dict[str, str] = {}
+    if args.nvml == "fake":
+        from gpuslice_nvml.fake.mps_control import COMMAND as FAKE_MPS_CONTROL
+
+        control = control or FAKE_MPS_CONTROL
+        if args.fake_nvml_config:
+            mps_env["FAKE_NVML_CONFIG"] = str(Path(args.fake_nvml_config).resolve())
+    return EnforcerConfig(
+        socket=Path(args.socket),
+        state_dir=Path(args.state_dir),
+        hook_socket=Path(args.hook_socket) if args.hook_socket else None,
+        hook_path=args.hook_path,
+        hook_timeout_s=args.hook_timeout,
+        sample_interval_s=args.sample_interval,
+        memory_action=args.memory_action,
+        sm_action=args.sm_action,
+        burst_s=args.burst_seconds,
+        memory_partitioning=args.memory_partitioning == "auto",
+        mps=args.mps == "auto",
+        mps_control=control or ("nvidia-cuda-mps-control",),
+        mps_root=Path(args.mps_root),
+        mps_container_dir=args.mps_container_dir,
+        mps_multiuser=args.mps_multiuser,
+        mps_env=mps_env,
+        keep_mps_on_exit=not args.stop_mps_on_exit,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    gslog.configure(component="enforcer", level=args.log_level)
+    log = gslog.get_logger("gpuslice.enforcer")
+    if args.node_name:
+        import structlog
+
+        structlog.contextvars.bind_contextvars(node=args.node_name)
+    if args.sample_interval <= 0:
+        log.error("start-up failed", error="--sample-interval must be > 0")
+        return 2
+    try:
+        nvml = nvml_from_args(args)
+        enforcer = Enforcer(config_from_args(args), nvml)
+        enforcer.start()
+    except GpusliceError as exc:
+        log.error("start-up failed", error=str(exc))
+        return 1
+    if args.metrics_addr:
+        serve_metrics(args.metrics_addr, enforcer.metrics.registry)
+    received = wait_for_signal()
+    log.info("stopping", signal=received)
+    enforcer.stop()
+    nvml.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""Prometheus metrics of the enforcer (one registry per enforcer instance).
+
+Per share and device (labels ``claim_uid``, ``namespace``, ``claim``, ``device``): memory used
+and limit, SM use and limit, throttled time, kills; violations by resource and action; the
+mechanism in force per resource (an info-style gauge set to 1). Operations: create/release
+share, attach container, watchdog sample.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from gpuslice_core.metrics import OperationMetrics
+
+COMPONENT = "enforcer"
+_SHARE = ["claim_uid", "namespace", "claim", "device"]
+
+
+class EnforcerMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.create_share = OperationMetrics(COMPONENT, "create_share", "CreateShare calls", r)
+        self.release_share = OperationMetrics(COMPONENT, "release_share", "ReleaseShare calls", r)
+        self.attach = OperationMetrics(COMPONENT, "attach_container", "AttachContainer calls", r)
+        self.sample = OperationMetrics(COMPONENT, "watchdog_sample", "Watchdog samples", r)
+        p = "gpuslice_enforcer_share"
+        self.memory_used = Gauge(f"{p}_memory_used_bytes", "Memory used.", _SHARE, registry=r)
+        self.memory_limit = Gauge(f"{p}_memory_limit_bytes", "Memory limit.", _SHARE, registry=r)
+        self.sm_used = Gauge(f"{p}_sm_percent", "SM use over the last sample.", _SHARE, registry=r)
+        self.sm_limit = Gauge(f"{p}_sm_limit_percent", "SM limit (cores).", _SHARE, registry=r)
+        self.throttled = Counter(
+            f"{p}_throttled_seconds", "Time the share's cgroups were frozen.", _SHARE, registry=r
+        )
+        self.kills = Counter(
+            f"{p}_kills", "Processes killed over the memory limit.", _SHARE, registry=r
+        )
+        self.violations = Counter(
+            f"{p}_violations",
+            "Limit breaches observed, by resource and action.",
+            [*_SHARE, "resource", "action"],
+            registry=r,
+        )
+        self.mechanism = Gauge(
+            f"{p}_mechanism",
+            "1 for the mechanism enforcing each resource of the share.",
+            ["claim_uid", "namespace", "claim", "resource", "mechanism"],
+            registry=r,
+        )
+        self.sample_errors = Counter(
+            "gpuslice_enforcer_watchdog_errors",
+            "Samples that failed (nothing is killed or frozen on a failed sample).",
+            ["device"],
+            registry=r,
+        )
+        self.mps_restarts = Counter(
+            "gpuslice_enforcer_mps_daemon_restarts",
+            "MPS control daemons restarted after they died.",
+            ["device"],
+            registry=r,
+        )
+
+    def forget_share(self, claim_uid: str, namespace: str, claim: str, devices: list[str]) -> None:
+        """Drop a released share's series."""
+        for device in devices:
+            labels = (claim_uid, namespace, claim, device)
+            for metric in (
+                self.memory_used,
+                self.memory_limit,
+                self.sm_used,
+                self.sm_limit,
+                self.throttled,
+                self.kills,
+            ):
+                with contextlib.suppress(KeyError):
+                    metric.remove(*labels)
+        for labelled in (self.mechanism, self.violations):
+            for values in list(labelled._metrics):  # prometheus_client offers no query for them
+                if values[0] == claim_uid:
+                    labelled.remove(*values)

@@ -1,0 +1,141 @@
+"""The enforcer's domain values and its checkpoint (version 1).
+
+The checkpoint holds every share (what CreateShare was asked, the mechanisms chosen, the
+containers attached by the CDI hook) and the MPS daemons the enforcer started, so that a
+restarted enforcer knows all of them and interrupts nothing. Compatibility rule: see
+docs/checkpoint.md; models never forbid unknown fields, every field has a default.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from pydantic import BaseModel, Field
+
+CHECKPOINT_KIND = "enforcer"
+SCHEMA_VERSION = 1
+
+
+class Mechanism(enum.StrEnum):
+    """What enforces one limit, strongest first (names follow the proto's Mechanism)."""
+
+    MEMORY_PARTITION = "memory-partition"
+    MPS_PROTOCOL3 = "mps-protocol3"
+    MPS_LEGACY = "mps-legacy"
+    WATCHDOG = "watchdog"
+    NONE = "none"
+
+    @property
+    def hard(self) -> bool:
+        return self in (Mechanism.MEMORY_PARTITION, Mechanism.MPS_PROTOCOL3, Mechanism.MPS_LEGACY)
+
+    @property
+    def mps(self) -> bool:
+        return self in (Mechanism.MPS_PROTOCOL3, Mechanism.MPS_LEGACY)
+
+
+class Mode(enum.StrEnum):
+    AUTO = "auto"
+    HARD = "hard"
+    SOFT = "soft"
+    OFF = "off"
+
+
+class Level(enum.StrEnum):
+    HARD = "hard"
+    SOFT = "soft"
+    NONE = "none"
+
+
+def level_of(*mechanisms: Mechanism) -> Level:
+    """The weakest level among the mechanisms: what a claim can rely on."""
+    if all(m is Mechanism.NONE for m in mechanisms):
+        return Level.NONE
+    if all(m.hard or m is Mechanism.NONE for m in mechanisms):
+        return Level.HARD
+    return Level.SOFT
+
+
+class PodRef(BaseModel):
+    uid: str = ""
+    namespace: str = ""
+    name: str = ""
+
+
+class ContainerRecord(BaseModel):
+    """A container attached to a share by its createContainer hook."""
+
+    container_id: str
+    pid: int = 0
+    #: The container's cgroup v2 path and directory (memory partitioning namespace).
+    v2_path: str | None = None
+    v2_dir: str | None = None
+    #: The container's v1 freezer path and directory.
+    freezer_path: str | None = None
+    freezer_dir: str | None = None
+    #: GPU indices on which memory limits were set for the v2 directory.
+    partitioned_gpus: list[int] = Field(default_factory=list)
+    attached_at: float = 0.0
+
+
+class ShareRecord(BaseModel):
+    """One claim's share, as created and as enforced."""
+
+    claim_uid: str
+    claim_namespace: str = ""
+    claim_name: str = ""
+    share_id: str
+    pods: list[PodRef] = Field(default_factory=list)
+    device_uuids: list[str] = Field(default_factory=list)
+    gpu_indices: list[int] = Field(default_factory=list)
+    cores_percent: int = 100
+    memory_bytes: int = 0
+    mode: Mode = Mode.AUTO
+    strict: bool = False
+    work_conserving: bool = False
+    memory_mechanism: Mechanism = Mechanism.WATCHDOG
+    cores_mechanism: Mechanism = Mechanism.WATCHDOG
+    memory_reason: str = ""
+    cores_reason: str = ""
+    #: Host directory given to the containers as CUDA_MPS_PIPE_DIRECTORY (MPS mechanisms).
+    mps_pipe_dir: str | None = None
+    containers: dict[str, ContainerRecord] = Field(default_factory=dict)
+    created_at: float = 0.0
+
+    @property
+    def level(self) -> Level:
+        return level_of(self.memory_mechanism, self.cores_mechanism)
+
+    def same_request(self, other: ShareRecord) -> bool:
+        """Whether ``other`` asks for the same share (pods may differ)."""
+        keys = (
+            "claim_namespace",
+            "claim_name",
+            "device_uuids",
+            "cores_percent",
+            "memory_bytes",
+            "mode",
+            "strict",
+            "work_conserving",
+        )
+        return all(getattr(self, k) == getattr(other, k) for k in keys)
+
+
+class DaemonRecord(BaseModel):
+    """An MPS control daemon the enforcer started for one GPU."""
+
+    gpu_uuid: str
+    gpu_index: int
+    protocol: int
+    pipe_dir: str
+    log_dir: str
+    pid: int = 0
+    start_time: int | None = None
+    restarts: int = 0
+
+
+class EnforcerState(BaseModel):
+    """The checkpoint's data."""
+
+    shares: dict[str, ShareRecord] = Field(default_factory=dict)
+    daemons: dict[str, DaemonRecord] = Field(default_factory=dict)

@@ -1,0 +1,323 @@
+"""Helpers for tests that run the enforcer for real: a process on a unix socket, real cgroups,
+fake-GPU workloads, and CDI hooks run the way runc runs them.
+
+Used by e2e/tests/test_enforcer*.py and bench/bench_enforcer.py; they clean up after themselves
+(cgroups removed, processes and MPS daemons stopped) even when a test fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from gpuslice_core.grpcserver import check_health
+from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
+from gpuslice_protos.gpuslice.v1 import enforcer_pb2_grpc as pb_grpc
+
+FREEZER_ROOT = Path("/sys/fs/cgroup/freezer")
+BIN = Path(sys.executable).parent
+
+
+def cgroup2_root() -> Path | None:
+    """The cgroup v2 mount of this machine (unified or hybrid), or None."""
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        left, _, right = line.partition(" - ")
+        if right.split()[:1] == ["cgroup2"]:
+            return Path(left.split()[4])
+    return None
+
+
+def short_tempdir(prefix: str = "gs-") -> Path:
+    """A temporary directory with a short path (unix socket paths are limited to 107 bytes)."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+
+
+class Cgroups:
+    """``gpuslice-test-<random>`` cgroups, each removed (processes moved out, thawed) at close."""
+
+    def __init__(self) -> None:
+        self.made: list[Path] = []
+
+    def make(self, root: Path) -> Path:
+        path = root / f"gpuslice-test-{secrets.token_hex(4)}"
+        path.mkdir()
+        self.made.append(path)
+        return path
+
+    def container(self) -> list[Path]:
+        """A container's cgroups: one in the v1 freezer hierarchy and one in cgroup v2."""
+        dirs = []
+        if (FREEZER_ROOT / "cgroup.procs").exists():
+            dirs.append(self.make(FREEZER_ROOT))
+        v2 = cgroup2_root()
+        if v2 is not None:
+            dirs.append(self.make(v2))
+        return dirs
+
+    def close(self) -> None:
+        for path in reversed(self.made):
+            remove_cgroup(path)
+        self.made.clear()
+
+    def __enter__(self) -> Cgroups:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a test's working directory (sockets, state, logs)."""
+    for child in sorted(path.rglob("*"), reverse=True):
+        if child.is_dir() and not child.is_symlink():
+            child.rmdir()
+        else:
+            child.unlink()
+    path.rmdir()
+
+
+def remove_cgroup(path: Path) -> None:
+    if not path.exists():
+        return
+    with contextlib.suppress(OSError):
+        if (path / "freezer.state").exists():
+            (path / "freezer.state").write_text("THAWED")
+        elif (path / "cgroup.freeze").exists():
+            (path / "cgroup.freeze").write_text("0")
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        pids = (path / "cgroup.procs").read_text().split()
+        if not pids:
+            break
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                (path.parent / "cgroup.procs").write_text(pid)
+    with contextlib.suppress(OSError):
+        path.rmdir()
+
+
+class Workload:
+    """``python -m gpuslice_nvml.fake.workload``: a fake CUDA program in the given cgroups."""
+
+    def __init__(
+        self,
+        config: Path,
+        *,
+        device: str = "0",
+        sm: int = 0,
+        memory: int = 0,
+        cgroup_dirs: Sequence[Path] = (),
+    ) -> None:
+        args = [sys.executable, "-m", "gpuslice_nvml.fake.workload", "--config", str(config)]
+        args += ["--device", device, "--sm", str(sm), "--memory", str(memory)]
+        for directory in cgroup_dirs:
+            args += ["--cgroup", str(directory)]
+        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line.startswith("ready"):
+            self.stop()
+            raise RuntimeError(f"the workload did not start: {line.strip()!r}")
+        self.pid = self.proc.pid
+
+    def ask(self, line: str) -> str:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        return self.proc.stdout.readline().strip()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
+
+
+@dataclass
+class EnforcerProcess:
+    """``gpuslice-enforcer`` as a real process on a unix socket, with the fake NVML."""
+
+    config: Path
+    workdir: Path
+    extra_args: list[str] = field(default_factory=list)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def socket(self) -> Path:
+        return self.workdir / "enforcer.sock"
+
+    @property
+    def mps_root(self) -> Path:
+        return self.workdir / "mps"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.workdir / "state"
+
+    @property
+    def log(self) -> Path:
+        return self.workdir / "enforcer.log"
+
+    def args(self) -> list[str]:
+        return [
+            str(BIN / "gpuslice-enforcer"),
+            "--nvml=fake",
+            f"--fake-nvml-config={self.config}",
+            f"--socket={self.socket}",
+            f"--state-dir={self.state_dir}",
+            f"--mps-root={self.mps_root}",
+            f"--hook-path={BIN / 'gpuslice-enforcer-hook'}",
+            "--metrics-addr=",
+            "--log-level=debug",
+            *self.extra_args,
+        ]
+
+    def start(self, timeout: float = 30.0) -> EnforcerProcess:
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                self.args(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"the enforcer exited with {self.proc.returncode}: {self.tail()}"
+                )
+            if self.socket.exists() and check_health(self.socket, timeout=1):
+                return self
+            time.sleep(0.02)
+        raise RuntimeError(f"the enforcer did not become healthy: {self.tail()}")
+
+    def tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        """SIGTERM (graceful: it thaws what it froze)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, nothing cleaned up."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop_mps_daemons(self, timeout: float = 10.0) -> None:
+        """Stop every MPS control daemon started under this enforcer's MPS root, and wait until
+        they are gone (a daemon on its way out still writes its log)."""
+        pids = []
+        for pid_file in self.mps_root.glob("*/nvidia-cuda-mps-control.pid"):
+            with contextlib.suppress(ValueError, OSError):
+                pid = int(pid_file.read_text().strip())
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                if b"mps_control" in cmdline or b"nvidia-cuda-mps-control" in cmdline:
+                    os.kill(pid, signal.SIGTERM)
+                    pids.append(pid)
+        deadline = time.monotonic() + timeout
+        for pid in pids:
+            while not _exited(pid) and time.monotonic() < deadline:
+                time.sleep(0.02)
+
+    @contextlib.contextmanager
+    def channel(self) -> Iterator[grpc.Channel]:
+        with grpc.insecure_channel(f"unix://{self.socket}") as channel:
+            yield channel
+
+    def stub(self, channel: grpc.Channel) -> pb_grpc.EnforcerStub:
+        return pb_grpc.EnforcerStub(channel)
+
+
+def _exited(pid: int) -> bool:
+    """Gone, or a zombie (exited; whoever started it reaps it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except OSError:
+        return True
+    return state in ("Z", "X")
+
+
+def share_request(
+    claim_uid: str,
+    device_uuid: str,
+    *,
+    cores: int = 50,
+    memory: int = 1 << 30,
+    mode: pb.EnforcementMode.ValueType = pb.ENFORCEMENT_MODE_AUTO,
+    strict: bool = False,
+    work_conserving: bool = False,
+    pod_uid: str = "",
+) -> pb.CreateShareRequest:
+    return pb.CreateShareRequest(
+        claim_uid=claim_uid,
+        claim_namespace="default",
+        claim_name=f"claim-{claim_uid[:8]}",
+        pods=[pb.PodReference(uid=pod_uid or f"pod-{claim_uid}", namespace="default", name="p")],
+        device_uuids=[device_uuid],
+        cores_percent=cores,
+        memory_bytes=memory,
+        mode=mode,
+        strict=strict,
+        work_conserving=work_conserving,
+    )
+
+
+def run_hook(hook: pb.Hook, container_id: str, pid: int, timeout: float | None = None) -> int:
+    """Run one OCI hook as runc does: the OCI state on stdin, only the hook's own env."""
+    state = {
+        "ociVersion": "1.2.0",
+        "id": container_id,
+        "status": "created",
+        "pid": pid,
+        "bundle": "/",
+        "annotations": {},
+    }
+    env = dict(e.partition("=")[::2] for e in hook.env)
+    out = subprocess.run(
+        list(hook.args) or [hook.path],
+        executable=hook.path,
+        input=json.dumps(state).encode(),
+        env=env,
+        capture_output=True,
+        timeout=timeout or (hook.timeout_seconds if hook.HasField("timeout_seconds") else 30),
+        check=False,
+    )
+    if out.returncode != 0:
+        raise HookFailedError(out.returncode, out.stderr.decode(errors="replace"))
+    return out.returncode
+
+
+class HookFailedError(Exception):
+    def __init__(self, code: int, stderr: str) -> None:
+        super().__init__(f"hook exited with {code}: {stderr.strip()}")
+        self.code = code
+        self.stderr = stderr
