@@ -23,6 +23,8 @@ def _handlers(entered: threading.Event, release: threading.Event) -> grpc.Generi
             raise FailedPreconditionError("GPU-1 is in use by pid 42")
         if kind == "full":
             raise ResourceExhaustedError("no 1g.10gb placement left on GPU-1")
+        if kind == "abort":
+            context.abort(grpc.StatusCode.NOT_FOUND, "claim uid-7 is gone")
         if kind == "slow":
             entered.set()
             release.wait(5)
@@ -77,6 +79,7 @@ def running(tmp_path: Path) -> Iterator[Running]:
         ("busy", grpc.StatusCode.FAILED_PRECONDITION, "GPU-1 is in use by pid 42"),
         ("full", grpc.StatusCode.RESOURCE_EXHAUSTED, "no 1g.10gb placement left on GPU-1"),
         ("bug", grpc.StatusCode.INTERNAL, "internal error: KeyError: 'bug'"),
+        ("abort", grpc.StatusCode.NOT_FOUND, "claim uid-7 is gone"),
     ],
 )
 def test_domain_errors_become_status_codes(

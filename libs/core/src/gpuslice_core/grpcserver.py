@@ -30,6 +30,8 @@ AddServicer = Callable[[Any, grpc.Server], None]
 
 
 def _abort(context: grpc.ServicerContext, method: str, exc: Exception) -> None:
+    if context.code() not in (None, grpc.StatusCode.OK):  # type: ignore[attr-defined]
+        return  # the servicer called context.abort() itself: keep its code and details
     if isinstance(exc, GpusliceError):
         log.info("rpc failed", method=method, code=exc.grpc_code.name, error=str(exc))
         context.abort(exc.grpc_code, str(exc))
@@ -61,7 +63,7 @@ class ErrorInterceptor(grpc.ServerInterceptor):
                     return inner_uu(request, context)
                 except Exception as exc:
                     _abort(context, method, exc)
-                    raise  # unreachable: abort raises
+                    raise  # the servicer's own abort: its status is already set
 
             return grpc.unary_unary_rpc_method_handler(
                 unary_unary,

@@ -152,9 +152,31 @@ class RawApi:
         result: Obj = self._call("PATCH", path, body=patch, content_type=content_type)
         return result
 
-    def delete(self, path: str, *, precondition_uid: str | None = None) -> Obj:
-        body = {"preconditions": {"uid": precondition_uid}} if precondition_uid else None
-        result: Obj = self._call("DELETE", path, body=body)
+    def delete(
+        self,
+        path: str,
+        *,
+        precondition_uid: str | None = None,
+        grace_period_seconds: int | None = None,
+    ) -> Obj:
+        """Delete one object, optionally only if it still has ``precondition_uid``."""
+        options: Obj = {"kind": "DeleteOptions", "apiVersion": "v1"}
+        if precondition_uid:
+            options["preconditions"] = {"uid": precondition_uid}
+        if grace_period_seconds is not None:
+            options["gracePeriodSeconds"] = grace_period_seconds
+        result: Obj = self._call("DELETE", path, body=options)
+        return result
+
+    def delete_collection(
+        self, path: str, *, label_selector: str | None = None, field_selector: str | None = None
+    ) -> Obj:
+        """Delete every object of a collection that the selectors match (DeleteCollection)."""
+        result: Obj = self._call(
+            "DELETE",
+            path,
+            query={"labelSelector": label_selector, "fieldSelector": field_selector},
+        )
         return result
 
     def watch(

@@ -1,0 +1,153 @@
+"""The kubelet's ``/containerLogs`` endpoint over HTTPS, so ``kubectl logs`` works.
+
+The API server proxies ``kubectl logs`` to ``https://<node address>:<daemonEndpoints port>/
+containerLogs/<namespace>/<pod>/<container>``. This serves that path (with ``previous``,
+``tailLines``, ``limitBytes`` and ``follow``) from the runtime's log files, on 127.0.0.1 and a
+port of its own, with a self-signed serving certificate (the sandbox's API server does not
+verify kubelet certificates). No authentication or authorization: it listens on loopback only.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ssl
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from ipaddress import ip_address
+from pathlib import Path
+from urllib.parse import parse_qs, unquote, urlparse
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from gpuslice_core.logging import get_logger
+
+log = get_logger(__name__)
+
+# (namespace, pod, container, previous) -> log file, and a "still running" check
+LogLocator = Callable[[str, str, str, bool], tuple[Path, Callable[[], bool]] | None]
+
+
+def self_signed(directory: Path, name: str) -> tuple[Path, Path]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = dt.datetime.now(dt.UTC)
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{name}@kubelet")])
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=2))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    crt, pem = directory / "kubelet-serving.crt", directory / "kubelet-serving.key"
+    crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    pem.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    pem.chmod(0o600)
+    return crt, pem
+
+
+class LogServer:
+    def __init__(self, locate: LogLocator, cert_dir: Path, node: str) -> None:
+        crt, key = self_signed(cert_dir, node)
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(str(crt), str(key))
+        locator = locate
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: object) -> None:
+                return
+
+            def do_GET(self) -> None:
+                url = urlparse(self.path)
+                parts = [unquote(p) for p in url.path.strip("/").split("/")]
+                if parts == ["healthz"]:
+                    self._send(200, b"ok")
+                    return
+                if len(parts) != 4 or parts[0] != "containerLogs":
+                    self._send(404, b"not found")
+                    return
+                query = parse_qs(url.query)
+                previous = query.get("previous", ["false"])[0] == "true"
+                found = locator(parts[1], parts[2], parts[3], previous)
+                if found is None:
+                    self._send(
+                        404, f"container {parts[3]} of pod {parts[1]}/{parts[2]} not found".encode()
+                    )
+                    return
+                path, running = found
+                data = path.read_bytes() if path.exists() else b""
+                if "tailLines" in query:
+                    n = int(query["tailLines"][0])
+                    lines = data.splitlines(keepends=True)
+                    data = b"".join(lines[-n:]) if n > 0 else b""
+                if "limitBytes" in query:
+                    data = data[: int(query["limitBytes"][0])]
+                follow = query.get("follow", ["false"])[0] == "true"
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                if not follow:
+                    self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                if follow:
+                    self._follow(path, path.stat().st_size if path.exists() else 0, running)
+
+            def _follow(self, path: Path, offset: int, running: Callable[[], bool]) -> None:
+                try:
+                    while True:
+                        alive = running()
+                        with path.open("rb") as fh:
+                            fh.seek(offset)
+                            chunk = fh.read()
+                        if chunk:
+                            offset += len(chunk)
+                            self.wfile.write(chunk)
+                            self.wfile.flush()
+                        if not alive:
+                            return
+                        time.sleep(0.2)
+                except (BrokenPipeError, ConnectionResetError, OSError):
+                    return
+
+            def _send(self, code: int, body: bytes) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._server.socket = ctx.wrap_socket(self._server.socket, server_side=True)
+        self.port: int = self._server.server_address[1]
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name=f"{node}-logs", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)

@@ -1,0 +1,121 @@
+"""Helpers for tests on the sandbox: waiting with a timeout (no fixed sleeps), pod phase and
+conditions, the events of an object, unique names."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import TypeVar
+
+from gpuslice_kube.errors import KubeNotFoundError
+from gpuslice_kube.raw import Obj, RawApi, resource_path
+
+T = TypeVar("T")
+
+
+class WaitTimeoutError(AssertionError):
+    """What was waited for did not happen in time (the message names it and the last value)."""
+
+
+def wait_for(
+    predicate: Callable[[], T | None],
+    timeout: float,
+    what: str,
+    interval: float = 0.05,
+    max_interval: float = 0.5,
+) -> T:
+    """Poll ``predicate`` until it returns something truthy and return that; fail after
+    ``timeout`` seconds with a message naming ``what`` and the last value seen."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while True:
+        try:
+            value = predicate()
+        except AssertionError as exc:  # a predicate may assert to explain itself
+            value, last = None, exc
+        else:
+            last = value
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise WaitTimeoutError(
+                f"timed out after {timeout:g}s waiting for {what}; last: {last!r}"
+            )
+        time.sleep(interval)
+        interval = min(interval * 1.5, max_interval)
+
+
+def unique(prefix: str) -> str:
+    """A DNS-label-safe unique name."""
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def get_pod(raw: RawApi, namespace: str, name: str) -> Obj | None:
+    try:
+        return raw.get(resource_path("v1", "pods", namespace=namespace, name=name))
+    except KubeNotFoundError:
+        return None
+
+
+def condition(obj: Obj, ctype: str) -> Obj | None:
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == ctype:
+            return dict(cond)
+    return None
+
+
+def wait_pod_phase(raw: RawApi, namespace: str, name: str, phase: str, timeout: float = 20) -> Obj:
+    """The pod once its phase is ``phase``."""
+
+    def check() -> Obj | None:
+        pod = get_pod(raw, namespace, name)
+        if pod is None:
+            raise AssertionError("the pod does not exist")
+        status = pod.get("status") or {}
+        if status.get("phase") == phase:
+            return pod
+        raise AssertionError(f"pod status now: {summary(pod)}")
+
+    return wait_for(check, timeout, f"pod {namespace}/{name} to be {phase}")
+
+
+def summary(pod: Obj) -> str:
+    """Phase, conditions and container states in one line (for failure messages)."""
+    status = pod.get("status") or {}
+    conds = [
+        f"{c['type']}={c['status']}"
+        + (f"({c.get('reason')}: {c.get('message')})" if c.get("reason") else "")
+        for c in status.get("conditions") or []
+    ]
+    states = [
+        f"{c['name']}:{next(iter(c.get('state') or {'?': 0}))}"
+        for c in status.get("containerStatuses") or []
+    ]
+    return f"phase={status.get('phase')} node={pod['spec'].get('nodeName')} {conds} {states}"
+
+
+def wait_pod_gone(raw: RawApi, namespace: str, name: str, timeout: float = 20) -> None:
+    wait_for(
+        lambda: get_pod(raw, namespace, name) is None, timeout, f"pod {namespace}/{name} to be gone"
+    )
+
+
+def events_for(raw: RawApi, namespace: str, name: str, reason: str | None = None) -> list[Obj]:
+    """Core/v1 Events about the object ``name`` in ``namespace`` (optionally one reason)."""
+    selector = f"involvedObject.name={name}"
+    if reason:
+        selector += f",reason={reason}"
+    items = raw.list(resource_path("v1", "events", namespace=namespace), field_selector=selector)[
+        "items"
+    ]
+    return sorted(items, key=lambda e: e.get("lastTimestamp") or "")
+
+
+def wait_event(raw: RawApi, namespace: str, name: str, reason: str, timeout: float = 20) -> Obj:
+    events = wait_for(
+        lambda: events_for(raw, namespace, name, reason),
+        timeout,
+        f"an Event {reason} for {namespace}/{name}",
+    )
+    return events[-1]
