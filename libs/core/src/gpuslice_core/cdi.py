@@ -49,10 +49,10 @@ from gpuslice_core.errors import (
 )
 from gpuslice_core.files import (
     atomic_write_bytes,
-    format_validation_error,
     fsync_dir,
     temp_files_for,
 )
+from gpuslice_core.strict import describe_errors
 
 DEFAULT_CDI_ROOT = Path("/var/run/cdi")
 DEFAULT_VENDOR = "k8s.gpu.gpuslice.dev"
@@ -381,7 +381,7 @@ def load_spec(path: Path | str) -> Spec:
         spec = Spec.model_validate_json(raw, strict=True, by_alias=True, by_name=False)
         validate_spec(spec)
     except ValidationError as exc:
-        raise CorruptStateError(f"CDI spec {path}: {format_validation_error(exc)}") from exc
+        raise CorruptStateError(f"CDI spec {path}: {describe_errors(exc, Spec)}") from exc
     except InvalidArgumentError as exc:
         raise CorruptStateError(f"CDI spec {path}: {exc}") from exc
     return spec

@@ -68,10 +68,10 @@ from gpuslice_core.errors import (
 )
 from gpuslice_core.files import (
     atomic_write_bytes,
-    format_validation_error,
     fsync_dir,
     temp_files_for,
 )
+from gpuslice_core.strict import describe_errors
 
 BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 ENVELOPE_KEYS = ("kind", "schemaVersion", "bootId", "checksum", "data")
@@ -168,7 +168,7 @@ class CheckpointStore(Generic[ModelT]):
         except ValidationError as exc:
             raise InvalidArgumentError(
                 f"checkpoint {kind}: {model.__name__}() must build the empty state: "
-                f"{format_validation_error(exc)}"
+                f"{describe_errors(exc)}"
             ) from exc
 
     @property
@@ -296,7 +296,7 @@ class CheckpointStore(Generic[ModelT]):
         except ValidationError as exc:
             raise self._corrupt(
                 f"data does not fit schema version {self._version} ({self._model.__name__}):"
-                f" {format_validation_error(exc)}"
+                f" {describe_errors(exc)}"
             ) from exc
         return LoadResult(state=state, existed=True, migrated_from=migrated_from)
 
@@ -342,8 +342,7 @@ class CheckpointStore(Generic[ModelT]):
             self._model.model_validate(data)
         except ValidationError as exc:
             raise InvalidArgumentError(
-                f"checkpoint {self._path}: refusing to write invalid state:"
-                f" {format_validation_error(exc)}"
+                f"checkpoint {self._path}: refusing to write invalid state: {describe_errors(exc)}"
             ) from exc
         doc = {
             "kind": self._kind,

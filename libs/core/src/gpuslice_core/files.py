@@ -10,18 +10,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from pydantic import ValidationError
-
 TEMP_SUFFIX = ".tmp"
-
-
-def format_validation_error(exc: ValidationError) -> str:
-    """Render a pydantic error as ``loc: message; ...`` for one-line error messages."""
-    parts = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "<root>"
-        parts.append(f"{loc}: {err['msg']}")
-    return "; ".join(parts)
 
 
 def fsync_dir(directory: Path) -> None:

@@ -20,11 +20,11 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gpuslice_core import strict
 from gpuslice_core.errors import InvalidArgumentError
 from gpuslice_nvml import GpuInfo
 
@@ -194,93 +194,14 @@ def select_targets(
 # -- decoding ---------------------------------------------------------------------------------
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """A SafeLoader that refuses duplicate mapping keys instead of keeping the last."""
-
-
-def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
-        seen.add(key)
-    return loader.construct_mapping(node, deep=True)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
 def parse_layouts(text: str, *, source: str = "<layouts>") -> LayoutConfig:
     """Decode mig-parted YAML into a :class:`LayoutConfig` or raise :class:`LayoutError`."""
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        raise LayoutError(f"{source}: invalid YAML: {exc}") from exc
+    data = strict.load_yaml(text, source=source, error=LayoutError)
     if not isinstance(data, dict):
         raise LayoutError(f"{source}: the top level must be a mapping with version and mig-configs")
-    try:
-        return LayoutConfig.model_validate(data)
-    except ValidationError as exc:
-        raise LayoutError(f"{source}: {describe_errors(exc)}") from exc
+    return strict.decode(LayoutConfig, data, source=source, error=LayoutError)
 
 
 def load_layouts_file(path: str | Path) -> LayoutConfig:
-    file = Path(path)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise LayoutError(f"cannot read MIG layout file {file}: {exc.strerror}") from exc
-    return parse_layouts(text, source=str(file))
-
-
-def key_path(loc: tuple[int | str, ...]) -> str:
-    """``('mig-configs', 'x', 0, 'devices')`` -> ``mig-configs.x[0].devices``."""
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "<top level>"
-
-
-def describe_errors(exc: ValidationError) -> str:
-    """One line per offending key; the alternatives of a union are merged into one message."""
-    errors = [(_clean_loc(tuple(err["loc"])), err) for err in exc.errors()]
-    locs = [loc for loc, _ in errors]
-    merged: dict[tuple[int | str, ...], list[str]] = {}
-    inputs: dict[tuple[int | str, ...], Any] = {}
-    for loc, err in errors:
-        if any(other[: len(loc)] == loc and len(other) > len(loc) for other in locs):
-            continue  # a union member that went deeper explains it better
-        if err["type"] == "extra_forbidden":
-            allowed = ", ".join(_allowed_keys(loc[:-1]))
-            message = f"unknown key; allowed keys here: {allowed}"
-        elif err["type"] == "missing":
-            message = "required key is missing"
-        else:
-            message = str(err["msg"]).removeprefix("Value error, ")
-            inputs[loc] = err.get("input")
-        seen = merged.setdefault(loc, [])
-        if seen and message.startswith("Input should be "):
-            message = message.removeprefix("Input should be ")
-        if message not in seen:
-            seen.append(message)
-    parts = []
-    for loc, messages in merged.items():
-        text = f"{key_path(loc)}: {' or '.join(messages)}"
-        if loc in inputs:
-            text += f" (got {inputs[loc]!r})"
-        parts.append(text)
-    return "; ".join(parts)
-
-
-def _clean_loc(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
-    # Union members appear in pydantic's loc ("literal['all']", "list[...]", "str"); drop them.
-    return tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p in {"str", "int"})))
-
-
-def _allowed_keys(loc: tuple[int | str, ...]) -> list[str]:
-    """The keys accepted at ``loc``: the top level, or one entry of a layout."""
-    model: type[BaseModel] = LayoutConfig if not loc else DeviceSpec
-    return sorted(f.alias or n for n, f in model.model_fields.items())
+    text = strict.read_text(path, what="MIG layout file", error=LayoutError)
+    return parse_layouts(text, source=str(path))

@@ -9,15 +9,13 @@ See docs/nvml.md for the format.
 from __future__ import annotations
 
 import re
-import types
-import typing
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
+from gpuslice_core import strict
 from gpuslice_core.errors import InvalidArgumentError
 
 DEFAULT_DRIVER_VERSION = "570.158.01"
@@ -123,93 +121,15 @@ class FakeNodeConfig(_Strict):
         return major * 1000 + minor * 10
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """A SafeLoader that refuses duplicate mapping keys instead of keeping the last."""
-
-
-def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
-        seen.add(key)
-    return loader.construct_mapping(node, deep=True)
-
-
-_UniqueKeyLoader.add_constructor(
-    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
-    _construct_mapping,
-)
-
-
 def parse_config(text: str, *, source: str = "<config>") -> FakeNodeConfig:
     """Decode YAML text into a :class:`FakeNodeConfig` or raise :class:`FakeConfigError`."""
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        raise FakeConfigError(f"{source}: invalid YAML: {exc}") from exc
+    data = strict.load_yaml(text, source=source, error=FakeConfigError)
     if not isinstance(data, dict):
         raise FakeConfigError(f"{source}: the top level must be a mapping with a 'gpus' key")
-    try:
-        return FakeNodeConfig.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(_describe(err) for err in exc.errors())
-        raise FakeConfigError(f"{source}: {problems}") from exc
+    return strict.decode(FakeNodeConfig, data, source=source, error=FakeConfigError)
 
 
 def load_config_file(path: str | Path) -> FakeNodeConfig:
     """Read and decode a config file (``FakeConfigError`` if it is missing or malformed)."""
-    file = Path(path)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise FakeConfigError(f"cannot read fake NVML config {file}: {exc.strerror}") from exc
-    return parse_config(text, source=str(file))
-
-
-def key_path(loc: tuple[int | str, ...]) -> str:
-    """``('gpus', 1, 'model')`` -> ``gpus[1].model``."""
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "<top level>"
-
-
-def _describe(err: Any) -> str:
-    loc = tuple(err["loc"])
-    if err["type"] == "extra_forbidden":
-        allowed = ", ".join(_allowed_keys(loc[:-1]))
-        return f"{key_path(loc)}: unknown key; allowed keys here: {allowed}"
-    if err["type"] == "missing":
-        return f"{key_path(loc)}: required key is missing"
-    message = str(err["msg"]).removeprefix("Value error, ")
-    return f"{key_path(loc)}: {message} (got {err.get('input')!r})"
-
-
-def _allowed_keys(loc: tuple[int | str, ...]) -> list[str]:
-    """The keys the model at ``loc`` accepts (walking lists and optionals)."""
-    model: type[BaseModel] = FakeNodeConfig
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        field = next((f for f in model.model_fields.values() if f.alias == part), None)
-        inner = _model_in(field.annotation) if field is not None else None
-        if inner is None:
-            return []
-        model = inner
-    return sorted(f.alias or name for name, f in model.model_fields.items())
-
-
-def _model_in(annotation: Any) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    origin = typing.get_origin(annotation)
-    if origin in (list, typing.Union, types.UnionType, typing.Annotated):
-        for arg in typing.get_args(annotation):
-            found = _model_in(arg)
-            if found is not None:
-                return found
-    return None
+    text = strict.read_text(path, what="fake NVML config", error=FakeConfigError)
+    return parse_config(text, source=str(path))
