@@ -6,6 +6,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from gpuslice_kube.client import new_api_client
 from gpuslice_kube.errors import (
     ConflictError,
     GoneError,
@@ -136,3 +137,17 @@ def test_reflector_relists_after_expiry_and_reports_missed_deletes(
     assert seen == [("ADDED", "a"), ("ADDED", "b"), ("MODIFIED", "a"), ("DELETED", "b")]
     assert set(reflector.cache) == {"a"}
     assert not reflector._thread or not reflector._thread.is_alive(), "stop() must end the thread"
+
+
+def test_client_from_kubeconfig_with_a_wider_pool(tmp_path: Any) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: k, cluster: {server: 'https://127.0.0.1:6443'}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
+    )
+    api = new_api_client(kubeconfig, user_agent="gpuslice-test/1", pool_size=32)
+    assert api.configuration.host == "https://127.0.0.1:6443"
+    assert api.rest_client.pool_manager.connection_pool_kw["maxsize"] == 32
+    assert api.user_agent == "gpuslice-test/1"

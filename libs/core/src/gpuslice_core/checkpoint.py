@@ -207,10 +207,10 @@ class CheckpointStore(Generic[ModelT]):
             result = self._load(locked=True)
             before = result.state.model_dump(mode="json", warnings=False)
             yield result.state
-            unchanged = result.state.model_dump(mode="json", warnings=False) == before
-            if unchanged and result.existed and result.migrated_from is None:
+            after = result.state.model_dump(mode="json", warnings=False)
+            if after == before and result.existed and result.migrated_from is None:
                 return
-            self._write(result.state)
+            self._write(result.state, dumped=after)
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -331,13 +331,13 @@ class CheckpointStore(Generic[ModelT]):
             state=self._model(), existed=False, stale_boot_id=file_boot_id, stale_path=stale
         )
 
-    def _write(self, state: ModelT) -> None:
+    def _write(self, state: ModelT, *, dumped: dict[str, Any] | None = None) -> None:
         if not isinstance(state, self._model):
             raise InvalidArgumentError(
                 f"checkpoint {self._path}: expected {self._model.__name__},"
                 f" got {type(state).__name__}"
             )
-        data = state.model_dump(mode="json", warnings=False)
+        data = dumped if dumped is not None else state.model_dump(mode="json", warnings=False)
         try:  # mutations are not validated on assignment: check before persisting
             self._model.model_validate(data)
         except ValidationError as exc:
@@ -351,7 +351,9 @@ class CheckpointStore(Generic[ModelT]):
             "checksum": checksum(self._kind, self._version, self._boot_id, data),
             "data": data,
         }
-        payload = json.dumps(doc, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
+        # Compact: json's C encoder is used only without indent, and this is on the prepare
+        # path (pipe the file through `python -m json.tool` to read it).
+        payload = json.dumps(doc, separators=(",", ":"), ensure_ascii=False, allow_nan=False) + "\n"
         for leftover in temp_files_for(self._path):  # safe: every writer holds the lock
             leftover.unlink(missing_ok=True)
         atomic_write_bytes(self._path, payload.encode("utf-8"))

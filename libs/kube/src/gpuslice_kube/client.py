@@ -10,13 +10,19 @@ from kubernetes.config.config_exception import ConfigException
 from gpuslice_core.errors import FailedPreconditionError
 
 
-def new_api_client(kubeconfig: str | Path | None = None, *, user_agent: str) -> client.ApiClient:
+def new_api_client(
+    kubeconfig: str | Path | None = None, *, user_agent: str, pool_size: int | None = None
+) -> client.ApiClient:
     """Return an ``ApiClient`` for ``kubeconfig``, or for the pod's service account without one.
 
     ``user_agent`` names the component (``gpuslice-kubelet-plugin/0.1.0``) in API server logs and
-    audit events. Fails with one message that says what was tried.
+    audit events. ``pool_size`` is how many calls may run at once on kept-alive connections
+    (the client's default, 5 per CPU, makes urllib3 discard connections under more threads).
+    Fails with one message that says what was tried.
     """
     configuration = client.Configuration()
+    if pool_size is not None:
+        configuration.connection_pool_maxsize = pool_size
     if kubeconfig:
         path = Path(kubeconfig)
         if not path.is_file():
