@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
-.PHONY: all setup demo test lint typecheck imports proto proto-check unit clean \
+.PHONY: all setup demo inventory test lint typecheck imports proto proto-check unit clean \
 	kube-binaries cluster-up cluster-down cluster-status
 
 all: test
@@ -15,7 +15,12 @@ $(VENV)/.synced: pyproject.toml uv.lock $(wildcard libs/*/pyproject.toml service
 
 setup: $(VENV)/.synced
 
+# The embedded default: a real control plane with two fake-GPU nodes running gpuslice.
 demo: setup
+	$(PY) -m e2e.sandbox.demo
+
+# What gpuslice sees on a node, through the same NVML interface the services use.
+inventory: setup
 	$(PY) -m gpuslice_nvml.inventory --nvml=fake --fake-nvml-config e2e/fixtures/sample-node.yaml
 
 test: lint typecheck imports proto-check unit

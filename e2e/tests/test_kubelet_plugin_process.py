@@ -1,0 +1,170 @@
+"""The plugin as a real process against the sandbox's API server: a clean stop on SIGTERM, and
+kill -9 in the middle of a prepare loop (with an enforcer, so each prepare has side effects
+outside the node's files) followed by a restart — no claim lost, none prepared twice."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+
+import pytest
+
+from e2e.sandbox.controlplane import ControlPlane
+from e2e.sandbox.gpunode import delete_node_slices
+from e2e.sandbox.nodeagent.testing import wait_for
+from e2e.tests.test_kubelet_plugin_support import ClaimMaker
+from gpuslice_kube.raw import RawApi
+from gpuslice_kubelet_plugin.testing.dra import (
+    ClaimAnswer,
+    ClaimTuple,
+    DraClient,
+    ref,
+    result,
+)
+from gpuslice_kubelet_plugin.testing.harness import Node
+from gpuslice_kubelet_plugin.testing.process import PluginProcess
+from gpuslice_kubelet_plugin.testing.standins import StandinEnforcer
+
+pytest_plugins = ("e2e.sandbox.nodeagent.fixtures", "e2e.tests.test_kubelet_plugin_support")
+
+
+class Processes:
+    """Plugin processes of one node; all stopped, and the node's slices deleted, after."""
+
+    def __init__(self, sandbox: ControlPlane, root: Path, node: Node, name: str) -> None:
+        self.sandbox = sandbox
+        self.root = root
+        self.node = node
+        self.name = name
+        self.started: list[PluginProcess] = []
+
+    def start(self, *extra: str) -> PluginProcess:
+        plugin = PluginProcess(
+            node=self.name,
+            kubeconfig=self.sandbox.kubeconfig,
+            fake_nvml_config=self.node.config,
+            state_dir=self.root / "state",
+            cdi_root=self.root / "cdi",
+            registrar_dir=self.root / "reg",
+            plugins_dir=self.root / "plugins",
+            log=self.root / "plugin.log",
+            extra=extra,
+        )
+        self.started.append(plugin)
+        return plugin.start()
+
+
+@pytest.fixture
+def processes(
+    sandbox: ControlPlane, kube: RawApi, short_dir: Path, fake_node: Node, node_name: str
+) -> Iterator[Processes]:
+    made = Processes(sandbox, short_dir, fake_node, node_name)
+    yield made
+    for p in made.started:
+        p.stop()
+    delete_node_slices(kube, node_name)
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_stops_cleanly(processes: Processes) -> None:
+    plugin = processes.start()
+    assert plugin.terminate() == 0
+    assert not plugin.sockets.registration.exists()
+    assert not plugin.sockets.dra.exists()
+    assert "kubelet plugin stopped" in plugin.log.read_text()
+
+
+@pytest.mark.timeout(90)
+def test_kill_9_in_the_middle_of_a_prepare_loop_loses_nothing(
+    processes: Processes, claims: ClaimMaker, short_dir: Path, node_name: str
+) -> None:
+    # a slow enforcer keeps each prepare inside its side effects for a while
+    enforcer = StandinEnforcer(delay=0.03).serve(short_dir / "enforcer.sock")
+    enforcer_flag = ("--enforcer-socket", str(short_dir / "enforcer.sock"))
+    refs = []
+    for i in range(30):
+        claim = claims(
+            f"c{i}", results=[result(f"gpu-{i % 2}", pool=node_name, cores="2", memory="1Gi")]
+        )
+        refs.append(ref(claim))
+    acked: dict[str, ClaimAnswer] = {}
+    interrupted = 0
+    rng = random.Random(7)
+    try:
+        for _round in range(4):
+            plugin = processes.start(*enforcer_flag)
+            pending = [c for c in refs if c[2] not in acked]
+            if not pending:
+                break
+            stop = threading.Event()
+            loop = threading.Thread(target=_prepare_loop, args=(plugin, pending, acked, stop))
+            # kill while the k-th prepare of this round is inside CreateShare: its intent is
+            # in the checkpoint, its share may or may not exist, its CDI spec does not
+            target = enforcer.arrivals + rng.randint(1, 6)
+            loop.start()
+            wait_for(partial(arrived, enforcer, target), 20, f"CreateShare call #{target}")
+            plugin.kill9()
+            stop.set()
+            loop.join(10)
+            state = json.loads((short_dir / "state" / "kubelet-plugin.json").read_text())
+            interrupted += sum(
+                r["state"] != "PrepareCompleted" for r in state["data"]["claims"].values()
+            )
+        print(f"kills that landed mid-prepare: {interrupted}; acknowledged: {len(acked)}")
+        assert interrupted > 0, "no kill landed in the middle of a prepare"
+
+        plugin = processes.start(*enforcer_flag)
+        client = DraClient(plugin.sockets.dra)
+        try:
+            final = client.prepare(refs)  # the kubelet retries what it never got an answer for
+            assert all(a.error == "" for a in final.values()), final
+            for uid, answer in acked.items():  # nothing acknowledged was lost or changed
+                assert final[uid] == answer
+            state = json.loads((short_dir / "state" / "kubelet-plugin.json").read_text())
+            records = state["data"]["claims"]
+            uids = {c[2] for c in refs}
+            assert set(records) == uids
+            assert {r["state"] for r in records.values()} == {"PrepareCompleted"}
+            specs = sorted(p.name for p in (short_dir / "cdi").glob("*.json"))
+            assert len(specs) == len(uids)
+            # every claim holds exactly one live share: none was prepared twice
+            assert set(enforcer.shares) == uids
+            for uid in uids:
+                assert enforcer.created[uid] - enforcer.released[uid] == 1
+
+            assert set(client.unprepare(refs).values()) == {""}
+            assert enforcer.shares == {}
+            assert list((short_dir / "cdi").glob("*.json")) == []
+        finally:
+            client.close()
+    finally:
+        enforcer.stop()
+
+
+def arrived(enforcer: StandinEnforcer, count: int) -> bool:
+    return enforcer.arrivals >= count
+
+
+def _prepare_loop(
+    plugin: PluginProcess,
+    pending: list[ClaimTuple],
+    acked: dict[str, ClaimAnswer],
+    stop: threading.Event,
+) -> None:
+    client = DraClient(plugin.sockets.dra, timeout=5)
+    try:
+        for claim in pending:
+            if stop.is_set():
+                return
+            try:
+                answer = client.prepare([claim])[claim[2]]
+            except Exception:  # the plugin died under the call: no answer, the kubelet retries
+                return
+            if not answer.error:
+                acked[claim[2]] = answer
+    finally:
+        client.close()

@@ -1,0 +1,234 @@
+"""ResourceSlice publishing on the real API server: generations, stale slices, other nodes'
+slices left alone, a wiped pool and an edited slice put back, republishing on a health change,
+and the older resource.k8s.io versions (v1beta2, v1beta1) when the server does not offer v1."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.sandbox.controlplane import ControlPlane
+from e2e.sandbox.gpunode import RESOURCE, delete_node_slices, node_slices
+from e2e.sandbox.nodeagent.testing import unique, wait_for
+from gpuslice_kube.client import new_api_client
+from gpuslice_kube.raw import Obj, RawApi, resource_path
+from gpuslice_kubelet_plugin.kubeapi import ResourceApi, detect
+from gpuslice_kubelet_plugin.metrics import PluginMetrics
+from gpuslice_kubelet_plugin.slices import PoolContent, SlicePublisher
+from gpuslice_kubelet_plugin.testing.harness import Harness, Node, Running, write_node
+from gpuslice_nvml import open_nvml
+
+pytest_plugins = ("e2e.sandbox.nodeagent.fixtures", "e2e.tests.test_kubelet_plugin_support")
+pytestmark = pytest.mark.timeout(30)
+
+DRIVER = "gpu.gpuslice.dev"
+
+
+def plain(n: int, start: int = 0) -> list[Obj]:
+    return [{"name": f"d-{i}", "attributes": {}} for i in range(start, start + n)]
+
+
+class Publishers:
+    """SlicePublishers on the sandbox's API server; stopped and their slices deleted after."""
+
+    def __init__(self, sandbox: ControlPlane, kube: RawApi) -> None:
+        self.raw = RawApi(new_api_client(sandbox.kubeconfig, user_agent="t"), deadline=5)
+        self.server = detect(self.raw)
+        self.kube = kube
+        self.made: list[SlicePublisher] = []
+
+    def new(self, content: list[PoolContent], node: str) -> SlicePublisher:
+        pub = SlicePublisher(
+            ResourceApi(self.raw, self.server),
+            node=node,
+            driver=DRIVER,
+            content=lambda: content[0],
+            metrics=PluginMetrics(),
+        )
+        self.made.append(pub)
+        return pub
+
+    def close(self) -> None:
+        for pub in self.made:
+            pub.stop()
+            delete_node_slices(self.kube, pub.node)
+
+
+@pytest.fixture
+def publishers(sandbox: ControlPlane, kube: RawApi) -> Iterator[Publishers]:
+    made = Publishers(sandbox, kube)
+    yield made
+    made.close()
+
+
+def test_the_sandbox_is_detected_as_serving_v1(publishers: Publishers) -> None:
+    assert publishers.server.version == "v1"
+    assert publishers.server.group_version == "resource.k8s.io/v1"
+    assert publishers.server.minor >= 34
+
+
+def test_generation_count_and_stale_slices(
+    publishers: Publishers, kube: RawApi, node_name: str
+) -> None:
+    other = unique("other")
+    foreign = kube.create(
+        resource_path(RESOURCE, "resourceslices"),
+        {
+            "apiVersion": RESOURCE,
+            "kind": "ResourceSlice",
+            "metadata": {"generateName": f"{other}-"},
+            "spec": {
+                "driver": DRIVER,
+                "nodeName": other,
+                "pool": {"name": other, "generation": 7, "resourceSliceCount": 1},
+                "devices": [],
+            },
+        },
+    )
+
+    def untouched(before: Obj) -> bool:
+        after = node_slices(kube, other)
+        return [(s["metadata"], s["spec"]) for s in after] == [(before["metadata"], before["spec"])]
+
+    try:
+        content = [PoolContent(tuple(plain(200)))]
+        pub = publishers.new(content, node_name)
+        assert pub.reconcile() is True
+        slices = node_slices(kube, node_name)
+        assert len(slices) == 2
+        assert {s["spec"]["pool"]["generation"] for s in slices} == {1}
+        assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {2}
+        assert sorted(len(s["spec"]["devices"]) for s in slices) == [72, 128]
+        assert pub.reconcile() is False  # nothing changed: nothing written
+        assert node_slices(kube, node_name) == slices  # not even a resourceVersion
+
+        content[0] = PoolContent(tuple(plain(100)))  # shrinks to one slice
+        assert pub.reconcile() is True
+        slices = node_slices(kube, node_name)
+        assert len(slices) == 1
+        assert slices[0]["spec"]["pool"] == {
+            "name": node_name,
+            "generation": 2,
+            "resourceSliceCount": 1,
+        }
+        assert untouched(foreign)
+
+        content[0] = PoolContent(tuple(plain(100) + plain(100, start=500)))  # grows again
+        assert pub.reconcile() is True
+        slices = node_slices(kube, node_name)
+        assert {s["spec"]["pool"]["generation"] for s in slices} == {3}
+        assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {2}
+        assert untouched(foreign)
+    finally:
+        delete_node_slices(kube, other)
+
+
+def test_a_wiped_pool_is_published_again_with_a_higher_generation(
+    publishers: Publishers, kube: RawApi, node_name: str
+) -> None:
+    pub = publishers.new([PoolContent(tuple(plain(3)))], node_name)
+    pub.start()
+    wait_for(lambda: len(node_slices(kube, node_name)) == 1, 10, "the pool")
+    delete_node_slices(kube, node_name)  # the kubelet wipes the node's slices
+    back = wait_for(lambda: node_slices(kube, node_name), 10, "the pool to be published again")
+    assert back[0]["spec"]["pool"]["generation"] == 2
+    assert len(back[0]["spec"]["devices"]) == 3
+
+
+def test_a_slice_edited_by_someone_else_is_rewritten(
+    publishers: Publishers, kube: RawApi, node_name: str
+) -> None:
+    pub = publishers.new([PoolContent(tuple(plain(3)))], node_name)
+    pub.start()
+    [s] = wait_for(lambda: node_slices(kube, node_name), 10, "the pool")
+    s["spec"]["devices"] = []
+    kube.replace(resource_path(RESOURCE, "resourceslices", name=s["metadata"]["name"]), s)
+    fixed = wait_for(
+        lambda: [
+            x for x in node_slices(kube, node_name) if len(x["spec"].get("devices") or []) == 3
+        ],
+        10,
+        "the slice to be rewritten",
+    )
+    assert fixed[0]["spec"]["pool"]["generation"] == 2
+
+
+class OlderServer(RawApi):
+    """The sandbox's API server, except that its resource.k8s.io discovery answer leaves out
+    the versions newer than ``newest`` (as a server without them would): the version
+    detection then runs on a real answer; every read and write goes to the real server."""
+
+    def __init__(self, raw: RawApi, newest: str) -> None:
+        super().__init__(raw.api_client, deadline=raw.deadline)
+        order = ["v1beta1", "v1beta2", "v1"]
+        self.hidden = set(order[order.index(newest) + 1 :])
+
+    def get(self, path: str) -> Obj:
+        answer = super().get(path)
+        if path == "/apis/resource.k8s.io":
+            versions = answer["versions"]
+            answer["versions"] = [v for v in versions if v["version"] not in self.hidden]
+            answer["preferredVersion"] = answer["versions"][0]
+        return answer
+
+
+@pytest.mark.parametrize("version", ["v1beta2", "v1beta1"])
+def test_falls_back_to_an_older_version_when_the_server_lacks_v1(
+    sandbox: ControlPlane, kube: RawApi, short_dir: Path, version: str
+) -> None:
+    node = unique("old")
+    config = write_node(short_dir, [{"model": "L4", "count": 2}], node)
+    with open_nvml("fake", config) as nvml:
+        harness = Harness(short_dir, sandbox.kubeconfig, nvml, node_name=node)
+        try:
+            running = harness.start(raw=OlderServer(harness.raw(), version))
+            assert running.driver.api.server.group_version == f"resource.k8s.io/{version}"
+            group_version = f"resource.k8s.io/{version}"
+            slices = wait_for(
+                lambda: node_slices(kube, node, group_version=group_version), 10, "the slices"
+            )
+            devices = slices[0]["spec"]["devices"]
+            assert [d["name"] for d in devices] == ["gpu-0", "gpu-1"]
+            fields: dict[str, Any] = devices[0]["basic"] if version == "v1beta1" else devices[0]
+            assert fields["attributes"]["productName"] == {"string": "NVIDIA L4"}
+            assert fields["allowMultipleAllocations"] is True
+            # written through the older version only (the server records it per manager) ...
+            managers = {
+                (m["manager"], m["apiVersion"])
+                for s in slices
+                for m in s["metadata"]["managedFields"]
+            }
+            assert {api for _, api in managers} == {group_version}, managers
+            # ... and it means the same as v1: the server converts it losslessly
+            [v1] = node_slices(kube, node)
+            gpu0 = v1["spec"]["devices"][0]
+            assert gpu0["allowMultipleAllocations"] is True
+            assert gpu0["capacity"]["cores"]["requestPolicy"]["validRange"]["max"] == "100"
+        finally:
+            harness.stop_all()
+            delete_node_slices(kube, node)
+
+
+def test_the_plugin_republishes_when_health_changes(
+    plugin: Running, kube: RawApi, fake_node: Node, node_name: str
+) -> None:
+    wait_for(lambda: node_slices(kube, node_name), 10, "the slices")
+    fake_node.control.inject_xid(0, 79)
+    tainted = wait_for(
+        lambda: [
+            d
+            for s in node_slices(kube, node_name)
+            for d in s["spec"]["devices"]
+            if d.get("taints") and d["name"] == "gpu-0"
+        ],
+        10,
+        "gpu-0 to be tainted",
+    )
+    taint = tainted[0]["taints"][0]
+    assert taint["key"] == "gpu.gpuslice.dev/xid"
+    assert taint["value"] == "79"
+    assert taint["effect"] == "NoSchedule"
+    assert taint["timeAdded"].endswith("Z")

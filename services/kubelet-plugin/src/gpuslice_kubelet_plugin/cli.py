@@ -1,0 +1,281 @@
+"""``gpuslice-kubelet-plugin``: flags (each with an environment variable) and the main loop.
+
+    gpuslice-kubelet-plugin --node-name node-a --nvml=fake --fake-nvml-config node.yaml \\
+        --kubeconfig ~/.kube/config --cdi-root /var/run/cdi
+
+``--probe`` checks a running plugin over its sockets (for a liveness probe) and exits 0 or 1.
+``--help`` is the configuration reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from gpuslice_core import logging as gslog
+from gpuslice_core.cli import EnvArgumentParser
+from gpuslice_core.errors import GpusliceError
+from gpuslice_core.grpcserver import wait_for_signal
+from gpuslice_core.metrics import parse_addr
+from gpuslice_kube.client import new_api_client
+from gpuslice_kube.raw import RawApi
+from gpuslice_kubelet_plugin import __version__
+from gpuslice_kubelet_plugin.discovery import DRIVER
+from gpuslice_kubelet_plugin.driver import Driver, Settings
+from gpuslice_kubelet_plugin.health import APP_XIDS
+from gpuslice_kubelet_plugin.server import probe
+from gpuslice_nvml import add_nvml_arguments, nvml_from_args
+
+PROG = "gpuslice-kubelet-plugin"
+
+
+def _xids(value: str) -> frozenset[int]:
+    try:
+        return frozenset(int(x) for x in value.split(",") if x.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a comma-separated list of XID numbers"
+        ) from exc
+
+
+def _seconds(value: str) -> float:
+    number = float(value)
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"{value!r} must be a positive number of seconds")
+    return number
+
+
+def build_parser() -> EnvArgumentParser:
+    p = EnvArgumentParser(
+        prog=PROG,
+        description=f"The gpuslice DRA kubelet plugin (driver {DRIVER}): publishes this node's "
+        "GPUs as ResourceSlices and prepares ResourceClaims for the kubelet.",
+    )
+    p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    p.add_argument(
+        "--probe",
+        action="store_true",
+        help="Check a running plugin over its registration and DRA sockets and exit 0 (healthy) "
+        "or 1; uses the socket flags below.",
+    )
+    f = p.add_flag
+    f("--node-name", env="NODE_NAME", help="Name of this node; also the name of its pool.")
+    f("--kubeconfig", env="KUBECONFIG", help="Kubeconfig file; in-cluster config without one.")
+    add_nvml_arguments(p)
+    f(
+        "--cdi-root",
+        env="CDI_ROOT",
+        type=Path,
+        default=Path("/var/run/cdi"),
+        help="Directory where the per-claim CDI specs are written.",
+    )
+    f(
+        "--registrar-dir",
+        env="REGISTRAR_DIR",
+        type=Path,
+        default=Path("/var/lib/kubelet/plugins_registry"),
+        help="The kubelet's plugin registration directory.",
+    )
+    f(
+        "--plugins-dir",
+        env="PLUGINS_DIR",
+        type=Path,
+        default=Path("/var/lib/kubelet/plugins"),
+        help=f"The kubelet's plugins directory; the DRA socket is <dir>/{DRIVER}/dra.sock.",
+    )
+    f(
+        "--state-dir",
+        env="STATE_DIR",
+        type=Path,
+        default=Path(f"/var/lib/kubelet/plugins/{DRIVER}"),
+        help="Directory of the checkpoint (prepared claims); must survive container restarts.",
+    )
+    f(
+        "--metrics-addr",
+        env="METRICS_ADDR",
+        default=":9400",
+        help="HOST:PORT of the Prometheus /metrics endpoint; empty to disable it.",
+    )
+    f(
+        "--enforcer-socket",
+        env="ENFORCER_SOCKET",
+        type=Path,
+        help="Unix socket of the gpuslice enforcer; without it shares are accounting only and "
+        "claims that insist on enforcement (strict) are refused.",
+    )
+    f(
+        "--mig-manager-socket",
+        env="MIG_MANAGER_SOCKET",
+        type=Path,
+        help="Unix socket of the gpuslice MIG manager, needed for --dynamic-mig.",
+    )
+    p.add_bool_flag(
+        "--dynamic-mig",
+        env="DYNAMIC_MIG",
+        help="Publish every MIG placement of GPUs in MIG mode (with counters) and "
+        "create the instance at prepare, instead of the instances that exist.",
+    )
+    f(
+        "--pod-uid",
+        env="POD_UID",
+        default="",
+        help="This pod's UID: sockets get a -<podUID> suffix so two pods can serve during a "
+        "rolling update.",
+    )
+    p.add_bool_flag(
+        "--health-streaming",
+        env="HEALTH_STREAMING",
+        default=True,
+        help="Serve the kubelet's DRA health stream (v1alpha1.DRAResourceHealth).",
+    )
+    p.add_bool_flag(
+        "--health-recovery",
+        env="HEALTH_RECOVERY",
+        default=True,
+        help="Clear health taints when the GPU is healthy again.",
+    )
+    f(
+        "--xid-quiet-period",
+        env="XID_QUIET_PERIOD",
+        type=_seconds,
+        default=300.0,
+        help="Seconds without a repeat after which an XID taint is cleared (with recovery on).",
+    )
+    f(
+        "--health-check-interval",
+        env="HEALTH_CHECK_INTERVAL",
+        type=_seconds,
+        default=10.0,
+        help="Seconds between recovery checks of unhealthy GPUs.",
+    )
+    f(
+        "--ignored-xids",
+        env="IGNORED_XIDS",
+        type=_xids,
+        default=",".join(str(x) for x in sorted(APP_XIDS)),
+        help="XIDs caused by applications: their taint has effect None (informational).",
+    )
+    f(
+        "--gc-interval",
+        env="GC_INTERVAL",
+        type=_seconds,
+        default=60.0,
+        help="Seconds between checks for prepared claims that no longer exist in the API.",
+    )
+    f(
+        "--rescan-interval",
+        env="RESCAN_INTERVAL",
+        type=_seconds,
+        default=60.0,
+        help="Seconds between device rescans (MIG layout changes, enforcer capabilities).",
+    )
+    f(
+        "--driver-root",
+        env="NVIDIA_DRIVER_ROOT",
+        type=Path,
+        default=Path("/"),
+        help="Root of the NVIDIA driver installation; device nodes are taken from <root>/dev.",
+    )
+    f(
+        "--nvidia-cdi-kind",
+        env="NVIDIA_CDI_KIND",
+        default="",
+        help="Also hand out the NVIDIA Container Toolkit's CDI device by UUID (e.g. "
+        "nvidia.com/gpu) for driver libraries; empty to leave it out.",
+    )
+    f(
+        "--shutdown-grace",
+        env="SHUTDOWN_GRACE",
+        type=_seconds,
+        default=10.0,
+        help="Seconds in-flight calls get to finish on SIGTERM.",
+    )
+    f(
+        "--log-level",
+        env="LOG_LEVEL",
+        default="info",
+        choices=gslog.LEVELS,
+        help="Lowest level that is logged.",
+    )
+    f(
+        "--log-format",
+        env="LOG_FORMAT",
+        default="json",
+        choices=("json", "console"),
+        help="json (one object per line) or console (for a terminal).",
+    )
+    return p
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    return Settings(
+        node_name=args.node_name,
+        state_dir=args.state_dir,
+        cdi_root=args.cdi_root,
+        registrar_dir=args.registrar_dir,
+        plugins_dir=args.plugins_dir,
+        metrics_addr=args.metrics_addr,
+        enforcer_socket=args.enforcer_socket,
+        mig_manager_socket=args.mig_manager_socket,
+        dynamic_mig=args.dynamic_mig,
+        pod_uid=args.pod_uid,
+        health_streaming=args.health_streaming,
+        health_recovery=args.health_recovery,
+        xid_quiet_period=args.xid_quiet_period,
+        health_check_interval=args.health_check_interval,
+        ignored_xids=args.ignored_xids,
+        gc_interval=args.gc_interval,
+        rescan_interval=args.rescan_interval,
+        driver_root=args.driver_root,
+        nvidia_cdi_kind=args.nvidia_cdi_kind,
+        shutdown_grace=args.shutdown_grace,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    gslog.configure(component=PROG, level=args.log_level, json=args.log_format == "json")
+    log = gslog.get_logger(PROG)
+    settings = settings_from(args)
+    if args.probe:
+        problems = probe(settings.sockets)
+        for problem in problems:
+            print(problem, file=sys.stderr)
+        return 1 if problems else 0
+    if not args.node_name:
+        parser.error("--node-name (NODE_NAME) is required")
+    if args.metrics_addr:
+        try:
+            parse_addr(args.metrics_addr)
+        except ValueError as exc:
+            parser.error(str(exc))
+    try:
+        nvml = nvml_from_args(args)
+    except GpusliceError as exc:
+        log.error("cannot open NVML", error=str(exc))
+        return 2
+    try:
+        api_client = new_api_client(
+            args.kubeconfig,
+            user_agent=f"{PROG}/{__version__}",
+            pool_size=settings.workers * 2,  # prepare reads claims from up to --workers threads
+        )
+        raw = RawApi(api_client)
+        driver = Driver(settings, nvml, raw)
+        driver.start()
+    except GpusliceError as exc:
+        log.error("start-up failed", error=str(exc))
+        nvml.close()
+        return 2
+    signum = wait_for_signal()
+    log.info("stopping", signal=signum)
+    driver.stop()
+    nvml.close()
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,218 @@
+"""Client of the enforcer sidecar (``gpuslice.v1.Enforcer``), behind a small interface.
+
+With ``--enforcer-socket`` the plugin asks the enforcer for a share per claim whose GPUs are
+shared; without it (``NoEnforcer``) shares are accounting only: the scheduler keeps the cores
+and memory apart, nothing on the node holds a process to them, and a claim that insists on
+enforcement (``enforcement.strict: true`` with mode Hard or Soft) is refused with the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import grpc
+
+from gpuslice_core import cdi
+from gpuslice_core.errors import (
+    FailedPreconditionError,
+    GpusliceError,
+    InvalidArgumentError,
+    NotFoundError,
+    ResourceExhaustedError,
+    TransientError,
+    UnsupportedError,
+)
+from gpuslice_kubelet_plugin.claims import PodRef
+from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
+from gpuslice_protos.gpuslice.v1 import enforcer_pb2_grpc as pb_grpc
+
+MODES = {
+    "Auto": pb.ENFORCEMENT_MODE_AUTO,
+    "Hard": pb.ENFORCEMENT_MODE_HARD,
+    "Soft": pb.ENFORCEMENT_MODE_SOFT,
+    "Off": pb.ENFORCEMENT_MODE_OFF,
+}
+LEVELS = {
+    pb.ENFORCEMENT_LEVEL_HARD: "hard",
+    pb.ENFORCEMENT_LEVEL_SOFT: "soft",
+    pb.ENFORCEMENT_LEVEL_NONE: "none",
+}
+NO_ENFORCER = "no enforcer on this node (--enforcer-socket is not set)"
+
+
+@dataclass(frozen=True)
+class ShareRequest:
+    claim_uid: str
+    namespace: str
+    name: str
+    pods: tuple[PodRef, ...]
+    device_uuids: tuple[str, ...]
+    cores: int
+    memory_bytes: int
+    mode: str  # Auto | Hard | Soft | Off
+    strict: bool
+    work_conserving: bool
+
+
+@dataclass(frozen=True)
+class ShareGrant:
+    share_id: str
+    level: str  # hard | soft | none
+    edits: cdi.ContainerEdits = field(default_factory=cdi.ContainerEdits)
+    reason: str = ""
+
+
+class Enforcer(Protocol):
+    @property
+    def present(self) -> bool: ...
+
+    def create_share(self, request: ShareRequest) -> ShareGrant: ...
+
+    def release_share(self, claim_uid: str) -> bool: ...
+
+    def share_claims(self) -> list[str]:
+        """Claim UIDs that have a share (for recovery after a crash)."""
+        ...
+
+    def levels(self) -> dict[str, str]:
+        """GPU UUID → the level a share gets there in mode Auto (the ``enforcement`` attribute)."""
+        ...
+
+
+class NoEnforcer:
+    """Accounting only."""
+
+    present = False
+
+    def create_share(self, request: ShareRequest) -> ShareGrant:
+        if request.strict and request.mode in ("Hard", "Soft"):
+            raise FailedPreconditionError(
+                f"enforcement mode {request.mode} with strict: true needs the gpuslice enforcer, "
+                f"and there is {NO_ENFORCER}; use strict: false to accept accounting only"
+            )
+        reason = "enforcement mode Off" if request.mode == "Off" else NO_ENFORCER
+        return ShareGrant(share_id="", level="none", reason=f"{reason}: accounting only")
+
+    def release_share(self, claim_uid: str) -> bool:
+        return False
+
+    def share_claims(self) -> list[str]:
+        return []
+
+    def levels(self) -> dict[str, str]:
+        return {}
+
+
+_CODES: dict[grpc.StatusCode, type[GpusliceError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
+    grpc.StatusCode.NOT_FOUND: NotFoundError,
+    grpc.StatusCode.FAILED_PRECONDITION: FailedPreconditionError,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhaustedError,
+    grpc.StatusCode.UNIMPLEMENTED: UnsupportedError,
+}
+
+
+def rpc_error(what: str, exc: grpc.RpcError) -> GpusliceError:
+    """A gRPC failure of a sidecar call as a gpuslice error (UNAVAILABLE etc. are transient)."""
+    code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+    details = exc.details() if hasattr(exc, "details") else str(exc)
+    cls = _CODES.get(code, TransientError)
+    err = cls(f"{what}: {code.name}: {details}")
+    err.__cause__ = exc
+    return err
+
+
+def _edits(message: pb.ContainerEdits) -> cdi.ContainerEdits:
+    hooks = []
+    for h in message.hooks:
+        timeout = h.timeout_seconds if h.HasField("timeout_seconds") else None
+        hooks.append(
+            cdi.Hook(
+                hook_name=h.hook_name,
+                path=h.path,
+                args=list(h.args),
+                env=list(h.env),
+                timeout=timeout,
+            )
+        )
+    return cdi.ContainerEdits(
+        env=list(message.env),
+        mounts=[
+            cdi.Mount(
+                host_path=m.host_path, container_path=m.container_path, options=list(m.options)
+            )
+            for m in message.mounts
+        ],
+        device_nodes=[
+            cdi.DeviceNode(path=d.path, host_path=d.host_path, permissions=d.permissions)
+            for d in message.device_nodes
+        ],
+        hooks=hooks,
+    )
+
+
+class GrpcEnforcer:
+    """The enforcer sidecar over its unix socket."""
+
+    present = True
+
+    def __init__(self, socket: Path, *, timeout: float = 10.0) -> None:
+        self.socket = socket
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(f"unix://{socket}")
+        self._stub = pb_grpc.EnforcerStub(self._channel)
+
+    def _call(self, what: str, method: Any, request: Any) -> Any:
+        try:
+            return method(request, timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise rpc_error(f"enforcer {what} ({self.socket})", exc) from exc
+
+    def create_share(self, request: ShareRequest) -> ShareGrant:
+        reply = self._call(
+            "CreateShare",
+            self._stub.CreateShare,
+            pb.CreateShareRequest(
+                claim_uid=request.claim_uid,
+                claim_namespace=request.namespace,
+                claim_name=request.name,
+                pods=[
+                    pb.PodReference(uid=p.uid, namespace=p.namespace, name=p.name)
+                    for p in request.pods
+                ],
+                device_uuids=list(request.device_uuids),
+                cores_percent=request.cores,
+                memory_bytes=request.memory_bytes,
+                mode=MODES[request.mode],
+                strict=request.strict,
+                work_conserving=request.work_conserving,
+            ),
+        )
+        reasons = "; ".join(limit.reason for limit in reply.limits if limit.reason)
+        return ShareGrant(
+            share_id=reply.share_id,
+            level=LEVELS.get(reply.level, "none"),
+            edits=_edits(reply.container_edits),
+            reason=reasons,
+        )
+
+    def release_share(self, claim_uid: str) -> bool:
+        reply = self._call(
+            "ReleaseShare", self._stub.ReleaseShare, pb.ReleaseShareRequest(claim_uid=claim_uid)
+        )
+        return bool(reply.released)
+
+    def share_claims(self) -> list[str]:
+        reply = self._call("GetUsage", self._stub.GetUsage, pb.GetUsageRequest())
+        return [share.claim_uid for share in reply.shares]
+
+    def levels(self) -> dict[str, str]:
+        reply = self._call(
+            "GetCapabilities", self._stub.GetCapabilities, pb.GetCapabilitiesRequest()
+        )
+        return {gpu.uuid: LEVELS.get(gpu.level, "none") for gpu in reply.gpus}
+
+    def close(self) -> None:
+        self._channel.close()

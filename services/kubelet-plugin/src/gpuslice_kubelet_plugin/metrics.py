@@ -1,0 +1,110 @@
+"""Prometheus metrics of the kubelet plugin (served on ``--metrics-addr``), all prefixed
+``gpuslice_kubelet_plugin_``:
+
+- ``prepare_total`` / ``prepare_duration_seconds`` {result}: claims prepared (per claim, not
+  per call); result ``success`` or the failure reason. ``unprepare_*`` likewise.
+- ``claim_errors_total`` {op, reason}: per-claim failures (NotAllocated, BadConfig, ...).
+- ``rpc_total`` / ``rpc_duration_seconds`` {result}: DRA calls as a whole.
+- ``prepared_claims``; ``prepared_devices`` {type: gpu, mig}; ``prepared_shares``
+  {enforcement: exclusive, mig, hard, soft, none}: what is prepared now.
+- ``publish_total`` / ``publish_duration_seconds`` {result}: pool publications that wrote;
+  ``published_devices``, ``published_slices``: what the pool holds.
+- ``health_events_total`` {kind}; ``tainted_devices`` {effect}.
+- ``recovered_total`` {action}: recovery after a crash (rolled_back, unprepared, orphan_spec,
+  orphan_share, orphan_mig, spec_rewritten); ``gc_unprepared_total``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+from collections.abc import Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from gpuslice_core.metrics import OperationMetrics
+
+COMPONENT = "kubelet_plugin"
+PREFIX = f"gpuslice_{COMPONENT}"
+
+
+class PluginMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.prepare = OperationMetrics(COMPONENT, "prepare", "Claims prepared", r)
+        self.unprepare = OperationMetrics(COMPONENT, "unprepare", "Claims unprepared", r)
+        self.rpc = OperationMetrics(COMPONENT, "rpc", "DRA calls served", r)
+        self.publish = OperationMetrics(COMPONENT, "publish", "ResourceSlice publications", r)
+        self.claim_errors = Counter(
+            f"{PREFIX}_claim_errors_total",
+            "Per-claim failures of prepare and unprepare, by reason.",
+            ["op", "reason"],
+            registry=r,
+        )
+        self.prepared_claims = Gauge(
+            f"{PREFIX}_prepared_claims", "Claims prepared on this node.", registry=r
+        )
+        self.prepared_devices = Gauge(
+            f"{PREFIX}_prepared_devices", "Prepared devices, by type.", ["type"], registry=r
+        )
+        self.prepared_shares = Gauge(
+            f"{PREFIX}_prepared_shares",
+            "Prepared claims, by what their limits rest on.",
+            ["enforcement"],
+            registry=r,
+        )
+        self.published_devices = Gauge(
+            f"{PREFIX}_published_devices", "Devices in the node's pool.", registry=r
+        )
+        self.published_slices = Gauge(
+            f"{PREFIX}_published_slices", "ResourceSlices of the node's pool.", registry=r
+        )
+        self.health_events = Counter(
+            f"{PREFIX}_health_events_total", "NVML health events, by kind.", ["kind"], registry=r
+        )
+        self.tainted_devices = Gauge(
+            f"{PREFIX}_tainted_devices", "Devices with a taint, by effect.", ["effect"], registry=r
+        )
+        self.recovered = Counter(
+            f"{PREFIX}_recovered_total", "Recovery actions after a crash.", ["action"], registry=r
+        )
+        self.gc_unprepared = Counter(
+            f"{PREFIX}_gc_unprepared_total",
+            "Claims unprepared because they no longer exist in the API.",
+            registry=r,
+        )
+        for op in ("prepare", "unprepare"):  # show the series before the first failure
+            self.claim_errors.labels(op=op, reason="NotAllocated")
+        for kind in ("gpu", "mig"):
+            self.prepared_devices.labels(type=kind)
+
+    def _op(self, op: str) -> OperationMetrics:
+        return self.prepare if op == "prepare" else self.unprepare
+
+    def claim_done(self, op: str, seconds: float) -> None:
+        metric = self._op(op)
+        metric.total.labels(result="success").inc()
+        metric.duration.labels(result="success").observe(seconds)
+
+    def claim_failed(self, op: str, reason: str, seconds: float) -> None:
+        metric = self._op(op)
+        metric.total.labels(result=reason).inc()
+        metric.duration.labels(result=reason).observe(seconds)
+        self.claim_errors.labels(op=op, reason=reason).inc()
+
+    def observe_state(self, records: Iterable[Any]) -> None:
+        """Gauges from the prepared claims (``ClaimRecord``s) after every change."""
+        completed = [r for r in records if r.state == "PrepareCompleted"]
+        self.prepared_claims.set(len(completed))
+        kinds = Tally(d.kind for r in completed for d in r.devices)
+        for kind in ("gpu", "mig"):
+            self.prepared_devices.labels(type=kind).set(kinds.get(kind, 0))
+        levels = Tally(r.enforcement for r in completed)
+        for level in ("exclusive", "mig", "hard", "soft", "none"):
+            self.prepared_shares.labels(enforcement=level).set(levels.get(level, 0))
+
+    def observe_taints(self, effects: Iterable[str]) -> None:
+        counts = Tally(effects)
+        for effect in ("NoSchedule", "None"):
+            self.tainted_devices.labels(effect=effect).set(counts.get(effect, 0))

@@ -1,0 +1,199 @@
+"""The kubelet-facing gRPC servicers: RPC in, domain call, RPC out — nothing else.
+
+- ``RegistrationServicer`` (``pluginregistration.Registration``) on the registration socket;
+- ``DraV1Servicer`` and ``DraV1beta1Servicer`` (``v1.DRAPlugin`` / ``v1beta1.DRAPlugin``) on the
+  DRA socket: every claim of a call gets its own entry in the answer, with an error string when
+  it failed, so one bad claim never fails the call (a gRPC error would discard every claim);
+- ``HealthStreamServicer`` (``v1alpha1.DRAResourceHealth``): the health of every device at once,
+  then again after every change, until the kubelet goes away.
+"""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+import grpc
+
+from gpuslice_core.logging import get_logger
+from gpuslice_kubelet_plugin.claims import ClaimError, ClaimRef
+from gpuslice_kubelet_plugin.health import DeviceHealth
+from gpuslice_kubelet_plugin.metrics import PluginMetrics
+from gpuslice_kubelet_plugin.state import Outcome
+from gpuslice_protos.kubelet.dra.v1 import api_pb2 as v1
+from gpuslice_protos.kubelet.dra.v1 import api_pb2_grpc as v1_grpc
+from gpuslice_protos.kubelet.dra.v1beta1 import api_pb2 as v1beta1
+from gpuslice_protos.kubelet.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from gpuslice_protos.kubelet.dra_health.v1alpha1 import api_pb2 as hpb
+from gpuslice_protos.kubelet.dra_health.v1alpha1 import api_pb2_grpc as hpb_grpc
+from gpuslice_protos.kubelet.pluginregistration.v1 import api_pb2 as reg
+from gpuslice_protos.kubelet.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+
+log = get_logger(__name__)
+
+V1 = "v1.DRAPlugin"
+V1BETA1 = "v1beta1.DRAPlugin"
+HEALTH = "v1alpha1.DRAResourceHealth"
+
+
+class Claims(Protocol):
+    """The domain side of the DRA calls (``state.DeviceState``)."""
+
+    def prepare(self, refs: list[ClaimRef]) -> dict[str, Outcome]: ...
+
+    def unprepare(self, refs: list[ClaimRef]) -> dict[str, ClaimError | None]: ...
+
+
+class RegistrationServicer(reg_grpc.RegistrationServicer):
+    def __init__(
+        self,
+        *,
+        driver: str,
+        endpoint: str,
+        versions: list[str],
+        on_status: Callable[[bool, str], None],
+    ) -> None:
+        self.driver = driver
+        self.endpoint = endpoint
+        self.versions = versions
+        self.on_status = on_status
+
+    def GetInfo(  # noqa: N802
+        self, request: reg.InfoRequest, context: grpc.ServicerContext
+    ) -> reg.PluginInfo:
+        return reg.PluginInfo(
+            type="DRAPlugin",
+            name=self.driver,
+            endpoint=self.endpoint,
+            supported_versions=self.versions,
+        )
+
+    def NotifyRegistrationStatus(  # noqa: N802
+        self, request: reg.RegistrationStatus, context: grpc.ServicerContext
+    ) -> reg.RegistrationStatusResponse:
+        self.on_status(request.plugin_registered, request.error)
+        return reg.RegistrationStatusResponse()
+
+
+def _refs(claims: Any) -> list[ClaimRef]:
+    return [ClaimRef(namespace=c.namespace, name=c.name, uid=c.uid) for c in claims]
+
+
+class _Dra:
+    """Both API versions have the same messages; ``pb`` is the version's module."""
+
+    def __init__(self, claims: Claims, metrics: PluginMetrics, pb: Any, share_ids: bool) -> None:
+        self.claims = claims
+        self.metrics = metrics
+        self.pb = pb
+        self.share_ids = share_ids
+
+    def prepare(self, request: Any) -> Any:
+        with self.metrics.rpc.time():
+            refs = _refs(request.claims)
+            outcomes = self.claims.prepare(refs) if refs else {}
+            response = self.pb.NodePrepareResourcesResponse()
+            for ref in refs:
+                entry = response.claims[ref.uid]
+                outcome = outcomes[ref.uid]
+                if isinstance(outcome, ClaimError):
+                    entry.error = str(outcome)
+                    continue
+                for d in outcome:
+                    device = self.pb.Device(
+                        request_names=list(d.request_names),
+                        pool_name=d.pool,
+                        device_name=d.device,
+                        cdi_device_ids=list(d.cdi_device_ids),
+                    )
+                    if self.share_ids and d.share_id:
+                        device.share_id = d.share_id
+                    entry.devices.append(device)
+            return response
+
+    def unprepare(self, request: Any) -> Any:
+        with self.metrics.rpc.time():
+            refs = _refs(request.claims)
+            outcomes = self.claims.unprepare(refs) if refs else {}
+            response = self.pb.NodeUnprepareResourcesResponse()
+            for ref in refs:
+                error = outcomes[ref.uid]
+                response.claims[ref.uid].error = str(error) if error else ""
+            return response
+
+
+class DraV1Servicer(v1_grpc.DRAPluginServicer):
+    def __init__(self, claims: Claims, metrics: PluginMetrics) -> None:
+        self._dra = _Dra(claims, metrics, v1, share_ids=True)
+
+    def NodePrepareResources(  # noqa: N802
+        self, request: v1.NodePrepareResourcesRequest, context: grpc.ServicerContext
+    ) -> v1.NodePrepareResourcesResponse:
+        response: v1.NodePrepareResourcesResponse = self._dra.prepare(request)
+        return response
+
+    def NodeUnprepareResources(  # noqa: N802
+        self, request: v1.NodeUnprepareResourcesRequest, context: grpc.ServicerContext
+    ) -> v1.NodeUnprepareResourcesResponse:
+        response: v1.NodeUnprepareResourcesResponse = self._dra.unprepare(request)
+        return response
+
+
+class DraV1beta1Servicer(v1beta1_grpc.DRAPluginServicer):
+    def __init__(self, claims: Claims, metrics: PluginMetrics) -> None:
+        self._dra = _Dra(claims, metrics, v1beta1, share_ids=False)
+
+    def NodePrepareResources(  # noqa: N802
+        self, request: v1beta1.NodePrepareResourcesRequest, context: grpc.ServicerContext
+    ) -> v1beta1.NodePrepareResourcesResponse:
+        response: v1beta1.NodePrepareResourcesResponse = self._dra.prepare(request)
+        return response
+
+    def NodeUnprepareResources(  # noqa: N802
+        self, request: v1beta1.NodeUnprepareResourcesRequest, context: grpc.ServicerContext
+    ) -> v1beta1.NodeUnprepareResourcesResponse:
+        response: v1beta1.NodeUnprepareResourcesResponse = self._dra.unprepare(request)
+        return response
+
+
+class HealthSource(Protocol):
+    def subscribe(self) -> queue.Queue[list[DeviceHealth]]: ...
+
+    def unsubscribe(self, q: queue.Queue[list[DeviceHealth]]) -> None: ...
+
+
+class HealthStreamServicer(hpb_grpc.DRAResourceHealthServicer):
+    def __init__(self, source: HealthSource, pool: str, *, poll: float = 0.5) -> None:
+        self.source = source
+        self.pool = pool
+        self.poll = poll
+
+    def _message(self, snapshot: list[DeviceHealth]) -> hpb.NodeWatchResourcesResponse:
+        return hpb.NodeWatchResourcesResponse(
+            devices=[
+                hpb.DeviceHealth(
+                    device=hpb.DeviceIdentifier(pool_name=self.pool, device_name=h.device),
+                    health=hpb.HEALTHY if h.healthy else hpb.UNHEALTHY,
+                    last_updated_time=int(h.updated),
+                    message=h.message,
+                )
+                for h in snapshot
+            ]
+        )
+
+    def NodeWatchResources(  # noqa: N802
+        self, request: hpb.NodeWatchResourcesRequest, context: grpc.ServicerContext
+    ) -> Iterator[hpb.NodeWatchResourcesResponse]:
+        q = self.source.subscribe()
+        log.info("health stream opened")
+        try:
+            while context.is_active():
+                try:
+                    snapshot = q.get(timeout=self.poll)
+                except queue.Empty:
+                    continue
+                yield self._message(snapshot)
+        finally:
+            self.source.unsubscribe(q)
+            log.info("health stream closed")

@@ -1,0 +1,114 @@
+"""The command line: every flag has an environment variable and a help text."""
+
+from __future__ import annotations
+
+import logging
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import structlog
+
+from gpuslice_kubelet_plugin.cli import build_parser, main, settings_from
+
+FLAGS = {
+    "--node-name": "NODE_NAME",
+    "--kubeconfig": "KUBECONFIG",
+    "--nvml": "NVML_BACKEND",
+    "--fake-nvml-config": "FAKE_NVML_CONFIG",
+    "--cdi-root": "CDI_ROOT",
+    "--registrar-dir": "REGISTRAR_DIR",
+    "--plugins-dir": "PLUGINS_DIR",
+    "--state-dir": "STATE_DIR",
+    "--metrics-addr": "METRICS_ADDR",
+    "--enforcer-socket": "ENFORCER_SOCKET",
+    "--mig-manager-socket": "MIG_MANAGER_SOCKET",
+    "--dynamic-mig": "DYNAMIC_MIG",
+    "--pod-uid": "POD_UID",
+    "--health-streaming": "HEALTH_STREAMING",
+    "--health-recovery": "HEALTH_RECOVERY",
+    "--xid-quiet-period": "XID_QUIET_PERIOD",
+    "--health-check-interval": "HEALTH_CHECK_INTERVAL",
+    "--ignored-xids": "IGNORED_XIDS",
+    "--gc-interval": "GC_INTERVAL",
+    "--rescan-interval": "RESCAN_INTERVAL",
+    "--driver-root": "NVIDIA_DRIVER_ROOT",
+    "--nvidia-cdi-kind": "NVIDIA_CDI_KIND",
+    "--shutdown-grace": "SHUTDOWN_GRACE",
+    "--log-level": "LOG_LEVEL",
+    "--log-format": "LOG_FORMAT",
+}
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """``main`` routes all logging to the sys.stdout of the moment (capsys' stream, closed after
+    the test); put the previous configuration back so later tests' threads do not log into it."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    config = structlog.get_config()
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    structlog.configure(**config)
+
+
+def test_help_documents_every_flag_with_its_variable() -> None:
+    text = " ".join(build_parser().format_help().split())
+    for flag, env in FLAGS.items():
+        assert flag in text, flag
+        assert f"[env {env}]" in text, env
+
+
+def test_environment_sets_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NODE_NAME", "n7")
+    monkeypatch.setenv("DYNAMIC_MIG", "true")
+    monkeypatch.setenv("IGNORED_XIDS", "13,43")
+    monkeypatch.setenv("CDI_ROOT", "/tmp/cdi")
+    settings = settings_from(build_parser().parse_args([]))
+    assert settings.node_name == "n7"
+    assert settings.dynamic_mig is True
+    assert settings.ignored_xids == frozenset({13, 43})
+    assert settings.cdi_root == Path("/tmp/cdi")
+    assert settings.health_streaming is True
+
+
+def test_bad_values_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--xid-quiet-period", "-1"])
+    assert "must be a positive number of seconds" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--metrics-addr", "nope", "--node-name", "n"])
+    assert "--metrics-addr 'nope' must be HOST:PORT" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([])
+    assert "--node-name (NODE_NAME) is required" in capsys.readouterr().err
+
+
+def test_fake_nvml_without_config_fails_with_a_message(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--node-name", "n", "--nvml", "fake", "--metrics-addr", ""]) == 2
+    assert "--fake-nvml-config" in capsys.readouterr().out
+
+
+def test_probe_of_nothing_fails(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuslice_kubelet_plugin",
+            "--probe",
+            "--registrar-dir",
+            str(tmp_path),
+            "--plugins-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 1
+    assert re.search(r"GetInfo on .*gpu\.gpuslice\.dev-reg\.sock", out.stderr)

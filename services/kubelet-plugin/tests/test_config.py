@@ -1,0 +1,93 @@
+"""GpuConfig decoding and quantities."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+
+from gpuslice_core.errors import InvalidArgumentError
+from gpuslice_kubelet_plugin.config import decode
+from gpuslice_kubelet_plugin.quantity import format_bytes, human_bytes, parse_quantity
+
+BASE = {"apiVersion": "gpu.gpuslice.dev/v1alpha1", "kind": "GpuConfig"}
+
+
+def test_defaults() -> None:
+    config = decode(BASE)
+    assert config.sharing.strategy is None
+    assert config.enforcement.mode == "Auto" and not config.enforcement.strict
+    assert config.limits.cores is None and config.limits.memory is None
+
+
+def test_every_field() -> None:
+    config = decode(
+        {
+            **BASE,
+            "sharing": {"strategy": "MPS"},
+            "enforcement": {"mode": "Hard", "strict": True, "workConserving": True},
+            "limits": {"cores": 30, "memory": "20Gi"},
+        }
+    )
+    assert config.sharing.strategy == "MPS"
+    assert config.enforcement.work_conserving
+    assert config.limits.memory == 20 * 1024**3
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"limits": {"cores": 0}}, "limits.cores: 0 is not allowed"),
+        ({"limits": {"cores": 101}}, "allowed: an integer 1..100"),
+        ({"limits": {"cores": "30"}}, "limits.cores: '30' is not allowed"),
+        (
+            {"limits": {"memory": "512Ki"}},
+            "limits.memory: '512Ki' is not allowed (must be at least 1Mi)",
+        ),
+        ({"limits": {"memory": "lots"}}, "limits.memory: 'lots' is not allowed (not a quantity"),
+        ({"sharing": {"strategy": "Shared"}}, "allowed: TimeSlicing, MPS"),
+        ({"enforcement": {"mode": "hard"}}, "allowed: Auto, Hard, Soft, Off"),
+        ({"enforcement": {"strict": "yes"}}, "enforcement.strict: 'yes' is not allowed"),
+        ({"limit": {"cores": 1}}, "unknown field 'limit'"),
+        ({"sharing": {"strategy": "MPS", "mps": {}}}, "unknown field 'mps' in sharing"),
+    ],
+)
+def test_errors_name_field_value_and_range(fields: dict[str, object], message: str) -> None:
+    with pytest.raises(InvalidArgumentError) as err:
+        decode({**BASE, **fields}, what="GpuConfig #0")
+    assert message in str(err.value)
+    assert str(err.value).startswith("GpuConfig #0: ")
+
+
+def test_wrong_kind_or_version() -> None:
+    with pytest.raises(
+        InvalidArgumentError, match=r"this driver accepts gpu\.gpuslice\.dev/v1alpha1"
+    ):
+        decode({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"})
+    with pytest.raises(InvalidArgumentError, match="must be an object"):
+        decode("cores: 30")
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("100", 100),
+        ("20Gi", 20 * 2**30),
+        ("1.5Gi", 3 * 2**29),
+        ("500m", Fraction(1, 2)),
+        ("1e3", 1000),
+        ("2k", 2000),
+        ("81559Mi", 81559 * 2**20),
+    ],
+)
+def test_quantities(text: str, value: Fraction | int) -> None:
+    assert parse_quantity(text) == value
+
+
+def test_quantity_formats() -> None:
+    assert format_bytes(85520809984) == "81559Mi"
+    assert format_bytes(20 * 2**30) == "20Gi"
+    assert format_bytes(1000) == "1000"
+    assert human_bytes(85520809984) == "79.6Gi"
+    with pytest.raises(InvalidArgumentError):
+        parse_quantity("20 GiB")
