@@ -92,13 +92,16 @@ def start_gpu_node(
     extra: tuple[str, ...] = (),
     name: str | None = None,
     root: Path | None = None,
+    nvml_config: Path | None = None,
 ) -> GpuNode:
+    """A node agent plus the kubelet plugin (with ``extra`` flags), registered. The fake NVML
+    config is written from ``gpus`` unless ``nvml_config`` names one already written."""
     # imported here: importing the fixtures plugin at collection time defeats its registration
     from e2e.sandbox.nodeagent.fixtures import start_node_agent
 
     name = name or unique("gpu-node")
     root = root or Path(tempfile.mkdtemp(prefix="gkn-"))
-    config = write_node(root, gpus, name)
+    config = nvml_config or write_node(root, gpus, name)
     agent = start_node_agent(sandbox, name=name, root=root / "k") if with_agent else None
     kubelet = root / "k"
     plugin = PluginProcess(

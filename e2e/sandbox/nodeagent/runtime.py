@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from e2e.sandbox import procs
+from e2e.sandbox.nodeagent import cgroups
 from e2e.sandbox.nodeagent.kubeapi import now_rfc3339
 from gpuslice_core.cdi import ContainerEdits, Hook
 from gpuslice_core.logging import get_logger
@@ -123,6 +124,20 @@ class Container:
     def shim_pid(self) -> int:
         return int(str(self.state["shimPid"]))
 
+    @property
+    def cgroups(self) -> list[Path]:
+        """The container's own cgroup directories (none without root or cgroup mounts)."""
+        paths = self.state.get("cgroups")
+        return [Path(str(p)) for p in paths] if isinstance(paths, list) else []
+
+    def remove_cgroups(self) -> None:
+        """Remove the container's cgroups once its shim is gone (the shim removes them itself
+        when it ends normally; this covers a shim that was killed)."""
+        if any(p.exists() for p in self.cgroups) and not self._shim_alive():
+            left = cgroups.remove(self.cgroups)
+            if left:
+                log.warning("container cgroups not removed", cgroups=[str(p) for p in left])
+
     def _shim_alive(self) -> bool:
         if self._proc is not None:
             return self._proc.poll() is None
@@ -145,6 +160,8 @@ class Container:
             )
         elif not self._shim_alive():
             self._exit = ExitStatus(137, "Error", self.started_at, now_rfc3339(), signal=9)
+        if self._exit is not None:
+            self.remove_cgroups()
         return self._exit
 
     def _command_pid(self) -> int | None:
@@ -175,6 +192,10 @@ class Container:
         if self.poll() is None and self._shim_alive():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.shim_pid, signal.SIGKILL)
+            if self._proc is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self._proc.wait(timeout=2)
+            self.remove_cgroups()
 
     def stop(self, grace: float) -> ExitStatus:
         """SIGTERM to the command, SIGKILL to all its processes after ``grace`` seconds."""
@@ -225,6 +246,9 @@ class Runtime:
             cfg.edits.model_dump_json(by_alias=True, exclude_defaults=True, indent=1)
         )
         cid = uuid.uuid4().hex + uuid.uuid4().hex
+        groups, skipped = cgroups.create(cfg.pod_uid, cid)
+        if skipped:
+            log.warning("container cgroups not made", container=cfg.name, skipped=skipped)
         shim_cfg = {
             "argv": cfg.argv,
             "env": env,
@@ -232,6 +256,7 @@ class Runtime:
             "log": str(log_file),
             "exit_file": str(cdir / "exit.json"),
             "pid_file": str(cdir / "pid"),
+            "cgroups": [str(g) for g in groups],
         }
         try:
             proc = subprocess.Popen(
@@ -244,13 +269,22 @@ class Runtime:
                 env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(REPO_ROOT)},
             )
         except OSError as exc:
+            cgroups.remove(groups)
             raise CreateContainerError(f"cannot start the container shim: {exc}") from exc
         state: dict[str, object] = {
             "id": cid,
             "shimPid": proc.pid,
             "shimStart": procs.proc_start_time(proc.pid),
             "name": cfg.name,
+            "cgroups": [str(g) for g in groups],
         }
+        try:  # the shim is the container's init: in its cgroups before any hook sees its pid
+            cgroups.enter(groups, proc.pid)
+        except OSError as exc:
+            self._discard(proc, groups)
+            raise CreateContainerError(
+                f"cannot put the container into its cgroups {[str(g) for g in groups]}: {exc}"
+            ) from exc
         container = Container(cdir, state, proc)
         oci_state: dict[str, object] = {
             "ociVersion": OCI_VERSION,
@@ -265,7 +299,7 @@ class Runtime:
                 run_hooks(stage, cfg.edits.hooks, oci_state)
             run_hooks("startContainer", cfg.edits.hooks, oci_state)
         except CreateContainerError:
-            self._discard(proc)
+            self._discard(proc, groups)
             raise
         state["startedAt"] = now_rfc3339()
         assert proc.stdin is not None
@@ -284,7 +318,7 @@ class Runtime:
         return container
 
     @staticmethod
-    def _discard(proc: subprocess.Popen[bytes]) -> None:
+    def _discard(proc: subprocess.Popen[bytes], groups: list[Path]) -> None:
         if proc.stdin is not None:
             proc.stdin.close()  # EOF before "start": the shim exits without running anything
         try:
@@ -292,6 +326,7 @@ class Runtime:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        cgroups.remove(groups)
 
     def adopt(self, pod_uid: str, container: str) -> Container | None:
         """The container a previous agent left running (or exited meanwhile), if any."""

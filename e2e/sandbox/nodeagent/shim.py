@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from e2e.sandbox.nodeagent import cgroups
+
 
 def _now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -54,7 +56,9 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent = os.getppid()
+    groups = [Path(p) for p in config.get("cgroups") or []]
     if sys.stdin.readline().strip() != "start":
+        cgroups.remove(groups)
         return 0  # the container was deleted before it started
     log = Path(config["log"]).open("ab", buffering=0)  # noqa: SIM115 - lives as long as the child
     started = _now()
@@ -71,6 +75,7 @@ def main(argv: list[str]) -> int:
         )
     except OSError as exc:
         log.write(f"exec {config['argv'][0]}: {exc}\n".encode())
+        cgroups.remove(groups)
         _write_exit(
             exit_file,
             {
@@ -93,6 +98,7 @@ def main(argv: list[str]) -> int:
             _killpg(child.pid, signal.SIGKILL)
         time.sleep(0.05)
     _killpg(child.pid, signal.SIGKILL)  # the rest of the container's processes
+    cgroups.remove(groups)  # and whatever left the group but not the cgroups
     exit_code = code if code >= 0 else 128 - code
     _write_exit(
         exit_file,
