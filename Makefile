@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
-.PHONY: all setup demo inventory test lint typecheck imports proto proto-check unit clean \
+.PHONY: all setup demo inventory chart test lint typecheck imports proto proto-check unit clean \
 	kube-binaries cluster-up cluster-down cluster-status
 
 all: test
@@ -46,6 +46,12 @@ proto-check: setup
 
 unit: setup kube-binaries
 	$(BIN)/pytest -q
+
+# The Helm chart: lint, render for 1.34-1.37, every object judged by the sandbox's API server.
+chart: setup kube-binaries
+	bash hack/install-helm.sh >/dev/null
+	.tools/bin/helm lint --strict charts/gpuslice
+	$(BIN)/pytest -q e2e/tests/test_chart.py
 
 # The sandbox's Kubernetes binaries, built once from their Go modules into ~/.cache/gpuslice/kube.
 kube-binaries:

@@ -1,0 +1,204 @@
+{{/*
+Names, labels and derived settings shared by the templates.
+*/}}
+
+{{/* The DRA driver name: a contract (shared/DESIGN.md section 2), never configurable. */}}
+{{- define "gpuslice.driverName" -}}gpu.gpuslice.dev{{- end }}
+
+{{- define "gpuslice.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* <release>-<chart>, or just the release name when it already contains the chart name. */}}
+{{- define "gpuslice.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "gpuslice.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gpuslice.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpuslice.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "gpuslice.labels" -}}
+helm.sh/chart: {{ include "gpuslice.chart" . }}
+{{ include "gpuslice.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: gpuslice
+{{- end }}
+
+{{/* The node DaemonSet's pods: selector labels plus the component. */}}
+{{- define "gpuslice.nodeSelectorLabels" -}}
+{{ include "gpuslice.selectorLabels" . }}
+app.kubernetes.io/component: node
+{{- end }}
+
+{{- define "gpuslice.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (printf "%s-node" (include "gpuslice.fullname" .)) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* "registry/repository:tag" of one service; call with (dict "root" $ "svc" .Values.x). */}}
+{{- define "gpuslice.image" -}}
+{{- $root := .root }}
+{{- $tag := .svc.image.tag | default $root.Values.image.tag | default $root.Chart.AppVersion }}
+{{- if $root.Values.image.registry }}
+{{- printf "%s/%s:%s" (trimSuffix "/" $root.Values.image.registry) .svc.image.repository $tag }}
+{{- else }}
+{{- printf "%s:%s" .svc.image.repository $tag }}
+{{- end }}
+{{- end }}
+
+{{- define "gpuslice.pullPolicy" -}}
+{{- .svc.image.pullPolicy | default .root.Values.image.pullPolicy }}
+{{- end }}
+
+{{/* The mig-parted layouts ConfigMap the MIG manager watches. */}}
+{{- define "gpuslice.migConfigMapName" -}}
+{{- if .Values.migManager.layouts.create }}
+{{- printf "%s-mig-parted-config" (include "gpuslice.fullname" .) | trunc 253 }}
+{{- else }}
+{{- required "migManager.layouts.existingConfigMap is required when migManager.layouts.create is false" .Values.migManager.layouts.existingConfigMap }}
+{{- end }}
+{{- end }}
+
+{{/* The default layouts: config.yaml of files/mig-configs.yaml (a copy of
+e2e/manifests/mig-configs.yaml, kept equal by e2e/tests/test_chart.py). */}}
+{{- define "gpuslice.migLayouts" -}}
+{{- if .Values.migManager.layouts.config }}
+{{- .Values.migManager.layouts.config }}
+{{- else }}
+{{- $manifest := .Files.Get "files/mig-configs.yaml" | fromYaml }}
+{{- index $manifest.data "config.yaml" }}
+{{- end }}
+{{- end }}
+
+{{/* resource.k8s.io version of the DeviceClasses. */}}
+{{- define "gpuslice.deviceClassApiVersion" -}}
+{{- $want := .Values.deviceClasses.apiVersion }}
+{{- if ne $want "auto" }}
+{{- $want }}
+{{- else if .Capabilities.APIVersions.Has "resource.k8s.io/v1" }}
+{{- "resource.k8s.io/v1" }}
+{{- else if .Capabilities.APIVersions.Has "resource.k8s.io/v1beta2" }}
+{{- "resource.k8s.io/v1beta2" }}
+{{- else }}
+{{- "resource.k8s.io/v1beta1" }}
+{{- end }}
+{{- end }}
+
+{{/* "true" when gpu.gpuslice.dev carries extendedResourceName. */}}
+{{- define "gpuslice.extendedResourceMapping" -}}
+{{- $want := .Values.deviceClasses.extendedResourceMapping }}
+{{- if kindIs "bool" $want }}
+{{- ternary "true" "false" $want }}
+{{- else }}
+{{- ternary "true" "false" (semverCompare ">=1.36.0-0" .Capabilities.KubeVersion.Version) }}
+{{- end }}
+{{- end }}
+
+{{/* Paths inside the node pod (every host path is mounted at the same path). */}}
+{{- define "gpuslice.registrarDir" -}}{{ trimSuffix "/" .Values.hostPaths.kubeletDir }}/plugins_registry{{- end }}
+{{- define "gpuslice.pluginsDir" -}}{{ trimSuffix "/" .Values.hostPaths.kubeletDir }}/plugins{{- end }}
+{{- define "gpuslice.runDir" -}}{{ trimSuffix "/" .Values.hostPaths.runDir }}{{- end }}
+{{- define "gpuslice.stateDir" -}}{{ trimSuffix "/" .Values.hostPaths.stateDir }}{{- end }}
+{{- define "gpuslice.enforcerSocket" -}}{{ include "gpuslice.runDir" . }}/enforcer-$(POD_UID).sock{{- end }}
+{{- define "gpuslice.enforcerHookSocket" -}}{{ include "gpuslice.runDir" . }}/enforcer.sock{{- end }}
+{{- define "gpuslice.migManagerSocket" -}}{{ include "gpuslice.runDir" . }}/mig-manager-$(POD_UID).sock{{- end }}
+{{- define "gpuslice.fakeNvmlDir" -}}{{ include "gpuslice.stateDir" . }}/fake-nvml{{- end }}
+{{- define "gpuslice.fakeNvmlConfig" -}}{{ include "gpuslice.fakeNvmlDir" . }}/node.yaml{{- end }}
+{{- define "gpuslice.hookPath" -}}{{ trimSuffix "/" .Values.enforcer.hook.hostDir }}/bin/gpuslice-enforcer-hook{{- end }}
+
+{{/* The fake NVML config as a map, with statePath set to the shared host directory. */}}
+{{- define "gpuslice.fakeConfig" -}}
+{{- $cfg := .Values.nvml.fakeConfig }}
+{{- if kindIs "string" $cfg }}
+{{- $cfg = fromYaml $cfg }}
+{{- if hasKey $cfg "Error" }}
+{{- fail (printf "nvml.fakeConfig is not valid YAML: %s" (get $cfg "Error")) }}
+{{- end }}
+{{- else }}
+{{- $cfg = deepCopy $cfg }}
+{{- end }}
+{{- $_ := set $cfg "statePath" "state.json" }}
+{{- toYaml $cfg }}
+{{- end }}
+
+{{/* The image the node-setup init container runs: the enforcer's when it installs the hook
+(the hook is copied from it), else the first service that runs. */}}
+{{- define "gpuslice.setupService" -}}
+{{- if .Values.enforcer.enabled }}enforcer
+{{- else if .Values.kubeletPlugin.enabled }}kubeletPlugin
+{{- else }}migManager
+{{- end }}
+{{- end }}
+
+{{/* Environment every service shares: the node, the log level, NVML. */}}
+{{- define "gpuslice.commonEnv" -}}
+- name: NODE_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: spec.nodeName
+- name: POD_UID
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.uid
+- name: LOG_LEVEL
+  value: {{ .Values.logLevel | quote }}
+- name: NVML_BACKEND
+  value: {{ .Values.nvml.backend | quote }}
+{{- if eq .Values.nvml.backend "fake" }}
+- name: FAKE_NVML_CONFIG
+  value: {{ include "gpuslice.fakeNvmlConfig" . | quote }}
+{{- else }}
+- name: NVIDIA_VISIBLE_DEVICES
+  value: all
+- name: NVIDIA_DRIVER_CAPABILITIES
+  value: compute,utility
+{{- end }}
+{{- end }}
+
+
+{{/* Start-up, liveness and readiness probes of one container from one probe action; call
+with (dict "probe" <action> "values" <service>.probe). Start-up allows 2 minutes. */}}
+{{- define "gpuslice.probes" -}}
+startupProbe:
+  {{- toYaml .probe | nindent 2 }}
+  periodSeconds: 2
+  timeoutSeconds: {{ .values.timeoutSeconds }}
+  failureThreshold: 60
+livenessProbe:
+  {{- toYaml .probe | nindent 2 }}
+  periodSeconds: {{ .values.periodSeconds }}
+  timeoutSeconds: {{ .values.timeoutSeconds }}
+  failureThreshold: {{ .values.failureThreshold }}
+readinessProbe:
+  {{- toYaml .probe | nindent 2 }}
+  periodSeconds: {{ .values.periodSeconds }}
+  timeoutSeconds: {{ .values.timeoutSeconds }}
+  failureThreshold: {{ .values.failureThreshold }}
+{{- end }}
+
+{{/* What a change of rolls the node pods: the fake node and the setup script (layouts are
+watched live by the MIG manager and need no restart). */}}
+{{- define "gpuslice.podConfigChecksum" -}}
+{{- $fake := "" }}
+{{- if eq .Values.nvml.backend "fake" }}{{ $fake = include "gpuslice.fakeConfig" . }}{{ end }}
+{{- printf "%s\n---\n%s" $fake (.Files.Get "files/node-setup.py") | sha256sum }}
+{{- end }}

