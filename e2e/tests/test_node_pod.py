@@ -119,6 +119,9 @@ def test_shares_are_enforced_by_the_real_enforcer(
 
     devices = wait_for(published, 20, "slices with the enforcer's enforcement attribute")
     assert sorted(devices) == ["gpu-0", "gpu-1"]
+    for device in devices.values():  # the mechanisms the enforcer reported, for CEL selectors
+        assert device["attributes"]["memoryEnforcement"] == {"string": "memory-partition"}
+        assert device["attributes"]["coresEnforcement"] == {"string": "watchdog"}
     assert {d["attributes"]["uuid"]["string"] for d in devices.values()} == set(levels)
 
     on_gpu0 = 'device.attributes["gpu.gpuslice.dev"].index == 0'

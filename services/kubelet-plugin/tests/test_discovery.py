@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from gpuslice_kubelet_plugin.discovery import discover, dns_label, semver
+from gpuslice_kubelet_plugin.enforcer import GpuEnforcement
 from gpuslice_kubelet_plugin.testing.harness import Node, write_node
 from gpuslice_nvml import open_nvml
 from gpuslice_nvml.fake import FakeNvmlControl
@@ -79,11 +80,14 @@ def test_whole_gpus_and_static_mig_devices(node: Node) -> None:
     assert mig.mig.gpu_instance_id is not None and not mig.mig.dynamic
 
 
-def test_enforcement_levels_become_an_attribute(node: Node) -> None:
+def test_enforcement_level_and_mechanisms_become_attributes(node: Node) -> None:
     uuid0 = node.nvml.gpu(0).uuid
-    inventory = discover(node.nvml, enforcement={uuid0: "hard"})
+    granted = GpuEnforcement(level="soft", memory="memory-partition", cores="watchdog")
+    inventory = discover(node.nvml, enforcement={uuid0: granted})
     gpu0 = inventory.get("gpu-0")
-    assert gpu0 is not None and gpu0.attributes["enforcement"] == {"string": "hard"}
+    assert gpu0 is not None and gpu0.attributes["enforcement"] == {"string": "soft"}
+    assert gpu0.attributes["memoryEnforcement"] == {"string": "memory-partition"}
+    assert gpu0.attributes["coresEnforcement"] == {"string": "watchdog"}
     gpu1 = inventory.get("gpu-1")
     assert gpu1 is not None and "enforcement" not in gpu1.attributes
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuslice_core.logging import get_logger
+from gpuslice_kubelet_plugin.enforcer import GpuEnforcement
 from gpuslice_kubelet_plugin.quantity import MIB, format_bytes
 from gpuslice_nvml import GpuInfo, GpuInstanceProfile, MigDevice, Nvml, NvmlGpuLost, SystemInfo
 
@@ -152,11 +153,13 @@ def _gpu_attributes(gpu: GpuInfo, system: SystemInfo) -> Attributes:
     return attrs
 
 
-def whole_gpu(gpu: GpuInfo, system: SystemInfo, enforcement: str | None) -> Device:
+def whole_gpu(gpu: GpuInfo, system: SystemInfo, enforcement: GpuEnforcement | None) -> Device:
     memory = gpu.memory_total_bytes // MIB * MIB
     attrs = _gpu_attributes(gpu, system)
     if enforcement:
-        attrs["enforcement"] = {"string": enforcement}
+        attrs["enforcement"] = {"string": enforcement.level}
+        attrs["memoryEnforcement"] = {"string": enforcement.memory}
+        attrs["coresEnforcement"] = {"string": enforcement.cores}
     capacity = {
         CORES: {
             "value": "100",
@@ -303,7 +306,7 @@ def discover(
     nvml: Nvml,
     *,
     dynamic_mig_enabled: bool = False,
-    enforcement: Mapping[str, str] | None = None,
+    enforcement: Mapping[str, GpuEnforcement] | None = None,
     previous: Inventory | None = None,
 ) -> Inventory:
     """Build the inventory. A lost GPU keeps its devices from ``previous`` (if any), so a GPU

@@ -23,7 +23,7 @@ from gpuslice_kubelet_plugin.cdispecs import CdiWriter
 from gpuslice_kubelet_plugin.checkpoint import Committer, InstanceLock, open_store
 from gpuslice_kubelet_plugin.claims import ClaimRef
 from gpuslice_kubelet_plugin.discovery import DRIVER, Inventory, discover
-from gpuslice_kubelet_plugin.enforcer import Enforcer, GrpcEnforcer, NoEnforcer
+from gpuslice_kubelet_plugin.enforcer import Enforcer, GpuEnforcement, GrpcEnforcer, NoEnforcer
 from gpuslice_kubelet_plugin.gc import ClaimCollector
 from gpuslice_kubelet_plugin.health import APP_XIDS, HealthMonitor
 from gpuslice_kubelet_plugin.kubeapi import ResourceApi, detect
@@ -95,7 +95,7 @@ class Driver:
             if settings.mig_manager_socket
             else NoMigManager()
         )
-        self._levels: dict[str, str] = {}
+        self._levels: dict[str, GpuEnforcement] = {}
         self._levels_pending = False
 
     # ---- pieces ----------------------------------------------------------------------------
@@ -109,11 +109,11 @@ class Driver:
             counter_sets=inventory.counter_sets,
         )
 
-    def _enforcement_levels(self) -> dict[str, str]:
+    def _enforcement_levels(self) -> dict[str, GpuEnforcement]:
         if not self.enforcer.present:
             return {}
         try:
-            levels = self.enforcer.levels()
+            levels = self.enforcer.capabilities()
         except GpusliceError as exc:
             # the sidecar may start after the plugin: ask again soon (see _rescan_loop), or the
             # slices would lack the enforcement attribute for a whole rescan interval
@@ -122,7 +122,9 @@ class Driver:
             self._levels_pending = True
             return self._levels
         if self._levels_pending:
-            log.info("enforcer capabilities read", levels=sorted(set(levels.values())))
+            log.info(
+                "enforcer capabilities read", levels=sorted({e.level for e in levels.values()})
+            )
         self._levels_pending = False
         return levels
 

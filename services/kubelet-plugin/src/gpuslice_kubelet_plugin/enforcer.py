@@ -39,6 +39,14 @@ LEVELS = {
     pb.ENFORCEMENT_LEVEL_SOFT: "soft",
     pb.ENFORCEMENT_LEVEL_NONE: "none",
 }
+# The enforcer's mechanism names (its GPUSLICE_*_MECHANISM environment uses the same words).
+MECHANISMS = {
+    pb.MECHANISM_MEMORY_PARTITION: "memory-partition",
+    pb.MECHANISM_MPS_PROTOCOL3: "mps-protocol3",
+    pb.MECHANISM_MPS_LEGACY: "mps-legacy",
+    pb.MECHANISM_WATCHDOG: "watchdog",
+    pb.MECHANISM_NONE: "none",
+}
 NO_ENFORCER = "no enforcer on this node (--enforcer-socket is not set)"
 
 
@@ -64,6 +72,16 @@ class ShareGrant:
     reason: str = ""
 
 
+@dataclass(frozen=True)
+class GpuEnforcement:
+    """What a share in mode Auto gets on one GPU: published as device attributes, so a claim
+    can demand hard limits (or a mechanism) with a CEL selector."""
+
+    level: str  # hard | soft | none
+    memory: str  # the memory limit's mechanism, e.g. memory-partition or watchdog
+    cores: str  # the SM limit's mechanism, e.g. mps-protocol3 or watchdog
+
+
 class Enforcer(Protocol):
     @property
     def present(self) -> bool: ...
@@ -76,8 +94,8 @@ class Enforcer(Protocol):
         """Claim UIDs that have a share (for recovery after a crash)."""
         ...
 
-    def levels(self) -> dict[str, str]:
-        """GPU UUID → the level a share gets there in mode Auto (the ``enforcement`` attribute)."""
+    def capabilities(self) -> dict[str, GpuEnforcement]:
+        """GPU UUID → what a share gets there in mode Auto (the ``enforcement`` attributes)."""
         ...
 
 
@@ -101,7 +119,7 @@ class NoEnforcer:
     def share_claims(self) -> list[str]:
         return []
 
-    def levels(self) -> dict[str, str]:
+    def capabilities(self) -> dict[str, GpuEnforcement]:
         return {}
 
 
@@ -208,11 +226,18 @@ class GrpcEnforcer:
         reply = self._call("GetUsage", self._stub.GetUsage, pb.GetUsageRequest())
         return [share.claim_uid for share in reply.shares]
 
-    def levels(self) -> dict[str, str]:
+    def capabilities(self) -> dict[str, GpuEnforcement]:
         reply = self._call(
             "GetCapabilities", self._stub.GetCapabilities, pb.GetCapabilitiesRequest()
         )
-        return {gpu.uuid: LEVELS.get(gpu.level, "none") for gpu in reply.gpus}
+        return {
+            gpu.uuid: GpuEnforcement(
+                level=LEVELS.get(gpu.level, "none"),
+                memory=MECHANISMS.get(gpu.memory_mechanism, "none"),
+                cores=MECHANISMS.get(gpu.cores_mechanism, "none"),
+            )
+            for gpu in reply.gpus
+        }
 
     def close(self) -> None:
         self._channel.close()
