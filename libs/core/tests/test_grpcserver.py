@@ -154,3 +154,17 @@ def test_a_regular_file_at_the_socket_path_is_never_deleted(tmp_path: Path) -> N
     with pytest.raises(FileExistsError, match="is not a unix socket"):
         remove_stale_socket(path)
     assert path.read_text() == "not a socket"
+
+
+def test_stop_leaves_a_successors_socket_alone(tmp_path: Path) -> None:
+    old = Running(tmp_path)
+    old.server.start()
+    new = Running(tmp_path)  # a rolling update: the new server takes over the same path
+    new.server.start()
+    try:
+        old.server.stop(grace=0)
+        assert new.socket.is_socket(), "the old server removed its successor's socket"
+        assert check_health(new.socket)
+    finally:
+        new.server.stop(grace=0)
+    assert not new.socket.exists()

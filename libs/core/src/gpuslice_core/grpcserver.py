@@ -9,6 +9,7 @@ grace period and removes its socket files.
 
 from __future__ import annotations
 
+import os
 import signal
 import stat
 import threading
@@ -88,15 +89,21 @@ class ErrorInterceptor(grpc.ServerInterceptor):
         return handler
 
 
-def remove_stale_socket(path: Path) -> None:
-    """Remove ``path`` if it is a socket; refuse to delete anything else that sits there."""
+def _refuse_non_socket(path: Path) -> bool:
+    """True if a socket sits at ``path``; raise if something else does (never replace it)."""
     try:
         mode = path.lstat().st_mode
     except FileNotFoundError:
-        return
+        return False
     if not stat.S_ISSOCK(mode):
         raise FileExistsError(f"{path} exists and is not a unix socket; refusing to replace it")
-    path.unlink(missing_ok=True)
+    return True
+
+
+def remove_stale_socket(path: Path) -> None:
+    """Remove ``path`` if it is a socket; refuse to delete anything else that sits there."""
+    if _refuse_non_socket(path):
+        path.unlink(missing_ok=True)
 
 
 class UnixGrpcServer:
@@ -123,6 +130,7 @@ class UnixGrpcServer:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         self._services: list[str] = []
         self._started = False
+        self._inodes: dict[Path, int] = {}
 
     def add(self, add_servicer: AddServicer, servicer: Any, service_name: str) -> None:
         """Register a servicer; ``service_name`` is its full name, reported by health checks."""
@@ -130,12 +138,25 @@ class UnixGrpcServer:
         self._services.append(service_name)
 
     def start(self) -> None:
-        """Bind every socket (replacing stale ones) and start serving."""
-        for path in self.sockets:
+        """Bind every socket (replacing stale ones) and start serving.
+
+        Each socket is bound at a private temporary name and renamed into place: the path
+        changes hands atomically (a stale socket of a killed predecessor, or an older server's
+        in a rolling update), and gRPC's own unlink at shutdown hits the temporary name, so a
+        stopping server never deletes a successor's socket.
+        """
+        bound: list[tuple[Path, Path]] = []
+        for index, path in enumerate(self.sockets):
             path.parent.mkdir(parents=True, exist_ok=True)
-            remove_stale_socket(path)
-            if self._server.add_insecure_port(f"unix://{path}") == 0:
+            _refuse_non_socket(path)
+            temporary = path.parent / f".{os.getpid()}.{index}.s"
+            temporary.unlink(missing_ok=True)
+            if self._server.add_insecure_port(f"unix://{temporary}") == 0:
                 raise OSError(f"{self.name}: cannot listen on unix socket {path}")
+            bound.append((temporary, path))
+        for temporary, path in bound:
+            temporary.replace(path)
+            self._inodes[path] = path.stat().st_ino
         self._server.start()
         self._started = True
         for service in ["", *self._services]:
@@ -149,6 +170,14 @@ class UnixGrpcServer:
             self._server.stop(grace).wait()
             self._started = False
         for path in self.sockets:
+            try:
+                current = path.lstat().st_ino
+            except FileNotFoundError:
+                continue
+            if current != self._inodes.get(path):
+                # another server (a newer pod in a rolling update) bound this path since
+                log.info("socket path now belongs to another server; left alone", path=str(path))
+                continue
             try:
                 remove_stale_socket(path)
             except FileExistsError:
