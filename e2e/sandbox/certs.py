@@ -96,6 +96,20 @@ class TinyCA:
             key=_write(directory / "ca.key", _key_pem(self._key)),
         )
 
+    @classmethod
+    def load(cls, directory: Path) -> TinyCA:
+        """The CA whose ``ca.crt``/``ca.key`` are in ``directory`` (to issue more certificates,
+        e.g. a node agent's kubelet identity)."""
+        ca = cls.__new__(cls)
+        ca.directory = directory
+        ca._cert = x509.load_pem_x509_certificate((directory / "ca.crt").read_bytes())
+        key = serialization.load_pem_private_key((directory / "ca.key").read_bytes(), None)
+        if not isinstance(key, ec.EllipticCurvePrivateKey):
+            raise TypeError(f"{directory / 'ca.key'} is not an EC key")
+        ca._key = key
+        ca.pair = CertPair(cert=directory / "ca.crt", key=directory / "ca.key")
+        return ca
+
     @property
     def cert_pem(self) -> bytes:
         return self._cert.public_bytes(serialization.Encoding.PEM)
@@ -110,8 +124,9 @@ class TinyCA:
         ip_addresses: tuple[str, ...] = (),
         server: bool = False,
         client: bool = False,
+        out_dir: Path | None = None,
     ) -> CertPair:
-        """Issue `<name>.crt`/`<name>.key` signed by this CA."""
+        """Issue `<name>.crt`/`<name>.key` (in the CA's directory, or ``out_dir``)."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = dt.datetime.now(dt.UTC)
         usages = []
@@ -153,11 +168,11 @@ class TinyCA:
         if sans:
             builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
         cert = builder.sign(self._key, hashes.SHA256())
+        directory = out_dir or self.directory
+        directory.mkdir(parents=True, exist_ok=True)
         return CertPair(
-            cert=_write(
-                self.directory / f"{name}.crt", cert.public_bytes(serialization.Encoding.PEM)
-            ),
-            key=_write(self.directory / f"{name}.key", _key_pem(key)),
+            cert=_write(directory / f"{name}.crt", cert.public_bytes(serialization.Encoding.PEM)),
+            key=_write(directory / f"{name}.key", _key_pem(key)),
         )
 
     def serving(
@@ -172,9 +187,11 @@ class TinyCA:
             server=True,
         )
 
-    def client(self, name: str, user: str, groups: tuple[str, ...] = ()) -> CertPair:
+    def client(
+        self, name: str, user: str, groups: tuple[str, ...] = (), *, out_dir: Path | None = None
+    ) -> CertPair:
         """A client certificate: CN is the Kubernetes user name, O entries its groups."""
-        return self.issue(name, user, organizations=groups, client=True)
+        return self.issue(name, user, organizations=groups, client=True, out_dir=out_dir)
 
 
 def service_account_key(directory: Path) -> CertPair:

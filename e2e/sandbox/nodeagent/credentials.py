@@ -8,57 +8,18 @@ pods reference, and ResourceSlices selected by ``spec.nodeName=<node>``.
 
 from __future__ import annotations
 
-import datetime as dt
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
+from e2e.sandbox.certs import TinyCA
 from e2e.sandbox.controlplane import write_kubeconfig
-
-VALIDITY = dt.timedelta(days=2)
 
 
 def issue_node_cert(pki: Path, node: str, out_dir: Path) -> tuple[Path, Path]:
-    """Sign ``<out_dir>/kubelet.crt``/``kubelet.key`` with ``<pki>/ca.crt`` and ``ca.key``."""
-    ca_cert = x509.load_pem_x509_certificate((pki / "ca.crt").read_bytes())
-    ca_key = serialization.load_pem_private_key((pki / "ca.key").read_bytes(), password=None)
-    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
-        raise TypeError(f"{pki / 'ca.key'} is not an EC key")
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = dt.datetime.now(dt.UTC)
-    subject = x509.Name(
-        [
-            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:nodes"),
-            x509.NameAttribute(NameOID.COMMON_NAME, f"system:node:{node}"),
-        ]
+    """Sign ``<out_dir>/kubelet.crt``/``kubelet.key`` with the sandbox CA in ``pki``."""
+    pair = TinyCA.load(pki).client(
+        "kubelet", f"system:node:{node}", ("system:nodes",), out_dir=out_dir
     )
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + VALIDITY)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    crt, pem = out_dir / "kubelet.crt", out_dir / "kubelet.key"
-    crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    pem.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    pem.chmod(0o600)
-    return crt, pem
+    return pair.cert, pair.key
 
 
 def node_kubeconfig(pki: Path, server: str, node: str, out_dir: Path) -> Path:

@@ -9,21 +9,15 @@ verify kubelet certificates). No authentication or authorization: it listens on 
 
 from __future__ import annotations
 
-import datetime as dt
 import ssl
 import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from ipaddress import ip_address
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlparse
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
-
+from e2e.sandbox.certs import TinyCA
 from gpuslice_core.logging import get_logger
 
 log = get_logger(__name__)
@@ -32,43 +26,16 @@ log = get_logger(__name__)
 LogLocator = Callable[[str, str, str, bool], tuple[Path, Callable[[], bool]] | None]
 
 
-def self_signed(directory: Path, name: str) -> tuple[Path, Path]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = dt.datetime.now(dt.UTC)
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{name}@kubelet")])
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=2))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-        .sign(key, hashes.SHA256())
-    )
-    directory.mkdir(parents=True, exist_ok=True)
-    crt, pem = directory / "kubelet-serving.crt", directory / "kubelet-serving.key"
-    crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    pem.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    pem.chmod(0o600)
-    return crt, pem
+def serving_cert(directory: Path) -> tuple[Path, Path]:
+    """A serving certificate for 127.0.0.1/localhost from a throwaway CA of this node (the
+    sandbox's API server does not verify kubelet certificates)."""
+    pair = TinyCA(directory / "kubelet-ca", common_name="kubelet-ca").serving("kubelet-serving")
+    return pair.cert, pair.key
 
 
 class LogServer:
     def __init__(self, locate: LogLocator, cert_dir: Path, node: str) -> None:
-        crt, key = self_signed(cert_dir, node)
+        crt, key = serving_cert(cert_dir)
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.load_cert_chain(str(crt), str(key))
         locator = locate
