@@ -6,17 +6,34 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
+from concurrent import futures
 from pathlib import Path
 from typing import Any, cast
 
+import grpc
 import pytest
 
 from e2e.sandbox.nodeagent.claims import PodClaim, container_cdi_ids
 from e2e.sandbox.nodeagent.config import Timings
 from e2e.sandbox.nodeagent.containers import build_config, expand
 from e2e.sandbox.nodeagent.dra_plugins import V1, V1BETA1, DraPlugins, PreparedDevice
+from e2e.sandbox.nodeagent.health import (
+    HEALTH_V1,
+    HEALTH_V1ALPHA1,
+    HEALTHY,
+    SERVICES,
+    UNHEALTHY,
+    UNKNOWN,
+    DeviceHealth,
+    HealthCache,
+    NodeHealth,
+    allocated_resources_status,
+    choose_health_service,
+    truncate_message,
+)
 from e2e.sandbox.nodeagent.podstatus import ContainerView, phase
 from e2e.sandbox.nodeagent.registration import PluginWatcher
 from e2e.sandbox.nodeagent.runtime import (
@@ -29,6 +46,8 @@ from e2e.sandbox.nodeagent.testing import wait_for
 from e2e.tests.standin_dra_plugin import DRIVER, StandinDraPlugin
 from gpuslice_core.cdi import ClaimSpecs, ContainerEdits, Device, Hook
 from gpuslice_kube.raw import RawApi
+from gpuslice_protos.kubelet.dra_health.v1alpha1 import api_pb2 as hpb
+from gpuslice_protos.kubelet.dra_health.v1alpha1 import api_pb2_grpc as hpb_grpc
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -380,3 +399,228 @@ def test_phase_waits_for_init_containers() -> None:
     assert phase("Always", [init], [view("a")], False) == "Pending"
     failed = view("init", init=True, exit_code=1)
     assert phase("Never", [failed], [view("a")], False) == "Failed"
+
+
+# ---- device health (NodeWatchResources, allocatedResourcesStatus) -----------------------------
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def dev_health(device: str, health: str, message: str = "", timeout: float = 0) -> DeviceHealth:
+    return DeviceHealth("pool", device, health, message, timeout)
+
+
+def test_health_is_stamped_on_receipt_and_decays_to_unknown_after_the_timeout() -> None:
+    clock = FakeClock()
+    cache = HealthCache(30.0, clock)
+    changed = cache.update(
+        "d", [dev_health("gpu-0", HEALTHY, "ok"), dev_health("gpu-1", UNHEALTHY, "bad", 5)]
+    )
+    assert changed == [("d", "pool", "gpu-0"), ("d", "pool", "gpu-1")]
+    assert cache.get("d", "pool", "gpu-0") == (HEALTHY, "ok")
+    assert cache.get("d", "pool", "gpu-9") == (UNKNOWN, "")
+    assert cache.get("other", "pool", "gpu-0") == (UNKNOWN, "")
+    clock.now += 5.5  # gpu-1's own timeout (5 s) passed; gpu-0 has the default (30 s)
+    assert cache.get("d", "pool", "gpu-1") == (UNKNOWN, "")
+    assert cache.get("d", "pool", "gpu-0") == (HEALTHY, "ok")
+    # a repeat refreshes gpu-0 (no change), stamped with the receive time; gpu-1, missing
+    # from the message and timed out, is now Unknown in the cache too (a change)
+    assert cache.update("d", [dev_health("gpu-0", HEALTHY, "ok")]) == [("d", "pool", "gpu-1")]
+    clock.now += 29.9
+    assert cache.get("d", "pool", "gpu-0") == (HEALTHY, "ok")
+    clock.now += 0.2
+    assert cache.get("d", "pool", "gpu-0") == (UNKNOWN, "")
+
+
+def test_zero_or_negative_timeouts_use_the_default() -> None:
+    clock = FakeClock()
+    cache = HealthCache(30.0, clock)
+    cache.update("d", [dev_health("a", HEALTHY, timeout=0), dev_health("b", HEALTHY, timeout=-3)])
+    clock.now += 29
+    assert cache.get("d", "pool", "a")[0] == cache.get("d", "pool", "b")[0] == HEALTHY
+    clock.now += 2
+    assert cache.get("d", "pool", "a")[0] == cache.get("d", "pool", "b")[0] == UNKNOWN
+
+
+def test_unreported_devices_turn_unknown_once_timed_out_and_changes_are_reported() -> None:
+    clock = FakeClock()
+    cache = HealthCache(30.0, clock)
+    cache.update("d", [dev_health("a", HEALTHY), dev_health("b", HEALTHY)])
+    clock.now += 10
+    assert cache.update("d", [dev_health("a", UNHEALTHY, "XID 79")]) == [("d", "pool", "a")]
+    assert cache.update("d", [dev_health("a", UNHEALTHY, "XID 48")]) == [("d", "pool", "a")]
+    assert cache.update("d", [dev_health("a", UNHEALTHY, "XID 48", 60)]) == [("d", "pool", "a")]
+    clock.now += 21  # b was last reported 31 s ago
+    assert cache.update("d", [dev_health("a", UNHEALTHY, "XID 48", 60)]) == [("d", "pool", "b")]
+    assert cache.get("d", "pool", "b") == (UNKNOWN, "")
+    assert cache.update("d", [dev_health("a", UNHEALTHY, "XID 48", 60)]) == []
+    assert cache.clear_driver("d") == [("d", "pool", "a"), ("d", "pool", "b")]
+    assert cache.get("d", "pool", "a") == (UNKNOWN, "")
+    assert cache.clear_driver("d") == []
+
+
+def test_health_service_choice_and_message_limit() -> None:
+    assert choose_health_service([V1, HEALTH_V1ALPHA1]) == HEALTH_V1ALPHA1
+    assert choose_health_service([V1, V1BETA1]) is None
+    # v1 is preferred, but only once gpuslice_protos mirrors it
+    assert choose_health_service([HEALTH_V1ALPHA1, HEALTH_V1]) == (
+        HEALTH_V1 if HEALTH_V1 in SERVICES else HEALTH_V1ALPHA1
+    )
+    assert truncate_message("x" * 1024) == "x" * 1024
+    assert truncate_message("x" * 2000) == "x" * 1021 + "..."
+
+
+def test_allocated_resources_status_names_claims_and_requests() -> None:
+    pod: dict[str, Any] = {
+        "spec": {
+            "containers": [
+                {"name": "a", "resources": {"claims": [{"name": "gpu"}, {"name": "nic"}]}},
+                {"name": "b", "resources": {"claims": [{"name": "gpu", "request": "big"}]}},
+                {"name": "c"},
+                {"name": "d", "resources": {"claims": [{"name": "unprepared"}]}},
+            ]
+        }
+    }
+    claims = [
+        PodClaim("gpu", "p-gpu-x", True),
+        PodClaim("nic", "nic-claim", False),
+        PodClaim("unprepared", "later", True),
+        PodClaim("", "p-extended", True),  # the extended-resource claim: not reported
+    ]
+    devices = {
+        "p-gpu-x": [
+            ("gpu.example.com", PreparedDevice("n1", "gpu-0", ("big",), ("v/c=x-0", "v/c=y"))),
+            ("gpu.example.com", PreparedDevice("n1", "gpu-1", ("small",), ("v/c=x-1",))),
+        ],
+        "nic-claim": [("nic.example.com", PreparedDevice("n1", "nic-0", (), ()))],
+        "later": [],
+    }
+    health = {
+        ("gpu.example.com", "n1", "gpu-0"): (UNHEALTHY, "XID 79 (NoSchedule)"),
+        ("gpu.example.com", "n1", "gpu-1"): (HEALTHY, "healthy"),
+    }
+
+    def status(messages: bool) -> dict[str, list[dict[str, Any]]]:
+        return allocated_resources_status(
+            pod,
+            claims,
+            lambda name: devices[name],
+            lambda *key: health.get(key, (UNKNOWN, "")),
+            messages=messages,
+        )
+
+    gpu = [
+        {"resourceID": "v/c=x-0", "health": "Unhealthy", "message": "XID 79 (NoSchedule)"},
+        {"resourceID": "v/c=x-1", "health": "Healthy", "message": "healthy"},
+    ]
+    assert status(True) == {
+        "a": [
+            {"name": "claim:gpu", "resources": gpu},
+            {
+                "name": "claim:nic",
+                "resources": [{"resourceID": "nic.example.com/n1/nic-0", "health": "Unknown"}],
+            },
+        ],
+        # every device of the claim, as the kubelet reports it, under the request's name
+        "b": [{"name": "claim:gpu/big", "resources": gpu}],
+    }
+    without = status(False)["b"][0]["resources"]
+    assert without == [{k: v for k, v in r.items() if k != "message"} for r in gpu]
+
+
+class FakeHealthServer(hpb_grpc.DRAResourceHealthServicer):
+    """A plugin's health service: each stream sends the next script's messages, then stays
+    open until ``end`` is set (then ends), or aborts with ``code``."""
+
+    def __init__(self, root: Path) -> None:
+        self.socket = root / "health.sock"
+        self.scripts: list[list[hpb.NodeWatchResourcesResponse]] = []
+        self.end = threading.Event()
+        self.code: grpc.StatusCode | None = None
+        self.opened = 0
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        hpb_grpc.add_DRAResourceHealthServicer_to_server(self, self.server)
+        self.server.add_insecure_port(f"unix://{self.socket}")
+        self.server.start()
+
+    def NodeWatchResources(
+        self, request: hpb.NodeWatchResourcesRequest, context: grpc.ServicerContext
+    ) -> Iterator[hpb.NodeWatchResourcesResponse]:
+        self.opened += 1
+        if self.code is not None:
+            context.abort(self.code, "not here")
+        yield from self.scripts.pop(0) if self.scripts else []
+        while context.is_active() and not self.end.wait(0.05):
+            pass
+        self.end.clear()
+
+    def stop(self) -> None:
+        self.server.stop(0)
+
+
+def message(
+    **devices: tuple[hpb.HealthStatus.ValueType, str, int],
+) -> hpb.NodeWatchResourcesResponse:
+    return hpb.NodeWatchResourcesResponse(
+        devices=[
+            hpb.DeviceHealth(
+                device=hpb.DeviceIdentifier(pool_name="n1", device_name=name),
+                health=health,
+                message=text,
+                last_updated_time=1,  # the plugin's clock is ignored
+                health_check_timeout_seconds=timeout,
+            )
+            for name, (health, text, timeout) in devices.items()
+        ]
+    )
+
+
+def test_the_health_stream_fills_the_cache_is_reopened_and_cleared_when_it_ends(
+    root: Path,
+) -> None:
+    server = FakeHealthServer(root)
+    server.scripts = [
+        [message(a=(hpb.HEALTHY, "ok", 0)), message(a=(hpb.UNHEALTHY, "XID 79", 0))],
+        [message(a=(hpb.HEALTHY, "back", -1))],
+    ]
+    changes: list[list[tuple[str, str, str]]] = []
+    health = NodeHealth(node="unit", retry=0.2, default_timeout=30, on_change=changes.append)
+    channel = grpc.insecure_channel(f"unix://{server.socket}")
+    try:
+        assert health.watch("d", str(server.socket), channel, [V1, HEALTH_V1ALPHA1]) == (
+            HEALTH_V1ALPHA1
+        )
+        wait_for(lambda: health.cache.get("d", "n1", "a") == (UNHEALTHY, "XID 79"), 5, "XID")
+        assert changes == [[("d", "n1", "a")], [("d", "n1", "a")]]
+        server.end.set()  # the stream ends: cleared, re-opened after 0.2 s
+        wait_for(lambda: health.cache.get("d", "n1", "a") == (HEALTHY, "back"), 5, "reopen")
+        assert server.opened == 2
+        assert [("d", "n1", "a")] in changes[2:]
+        health.unwatch(str(server.socket))
+        assert health.cache.get("d", "n1", "a") == (UNKNOWN, "")
+        assert health.watch("d", "x", channel, [V1]) is None  # no health service: no stream
+    finally:
+        health.stop()
+        channel.close()
+        server.stop()
+
+
+def test_unimplemented_stops_watching(root: Path) -> None:
+    server = FakeHealthServer(root)
+    server.code = grpc.StatusCode.UNIMPLEMENTED
+    health = NodeHealth(node="unit", retry=0.05, default_timeout=30, on_change=lambda _: None)
+    channel = grpc.insecure_channel(f"unix://{server.socket}")
+    try:
+        health.watch("d", "ep", channel, [HEALTH_V1ALPHA1])
+        w = health.watcher("ep")
+        assert w is not None
+        wait_for(lambda: not w.alive, 5, "the watcher to give up")
+        assert w.unimplemented and server.opened == 1
+    finally:
+        health.stop()
+        channel.close()
+        server.stop()

@@ -18,6 +18,7 @@ from e2e.sandbox.nodeagent.config import NodeConfig
 from e2e.sandbox.nodeagent.devicemanager import VERSION, DeviceManager, is_extended_resource_name
 from e2e.sandbox.nodeagent.dra_manager import DraManager, open_store
 from e2e.sandbox.nodeagent.dra_plugins import DraPlugins
+from e2e.sandbox.nodeagent.health import Key, NodeHealth
 from e2e.sandbox.nodeagent.kubeapi import KubeletApi
 from e2e.sandbox.nodeagent.logserver import LogServer
 from e2e.sandbox.nodeagent.node import NodeReporter
@@ -43,6 +44,7 @@ class NodeAgent:
         self.api = KubeletApi(self.raw, config.name)
         self.runtime = Runtime(config.pods_dir, config.name)
         self.plugins = DraPlugins(config.root, config.timings, self._wipe_driver, config.name)
+        self.health: NodeHealth | None = None
         self._started = False
         self._lock = threading.Lock()
 
@@ -53,6 +55,14 @@ class NodeAgent:
         version = cfg.kubelet_version or self._server_version()
         self.devices = DeviceManager(cfg, self._devices_changed)
         self.dra = DraManager(self.api, self.plugins, open_store(str(cfg.dra_checkpoint)))
+        if cfg.resource_health:
+            self.health = NodeHealth(
+                node=cfg.name,
+                retry=cfg.timings.health_retry,
+                default_timeout=cfg.timings.health_timeout,
+                on_change=self._health_changed,
+            )
+        self.plugins.health = self.health
         self.logs: LogServer | None = None
         port = cfg.kubelet_port
         if cfg.serve_logs:
@@ -70,7 +80,9 @@ class NodeAgent:
             cfg.name,
         )
         self.watcher.start()
-        self.pods = PodManager(cfg, self.raw, self.api, self.dra, self.devices, self.runtime)
+        self.pods = PodManager(
+            cfg, self.raw, self.api, self.dra, self.devices, self.runtime, self.health
+        )
         self.pods.start()
         self._started = True
         log.info("node agent started", node=cfg.name, root=str(cfg.root))
@@ -148,6 +160,17 @@ class NodeAgent:
         node = getattr(self, "node", None)
         if node is not None:
             node.poke()
+
+    def _health_changed(self, devices: list[Key]) -> None:
+        pods = getattr(self, "pods", None)
+        if pods is not None:
+            pods.poke(self.dra.pods_using(devices))
+
+    def device_health(self, driver: str, pool: str, device: str) -> tuple[str, str]:
+        """(health, message) of a device as this node sees it now (Unknown without a stream)."""
+        if self.health is None:
+            return "Unknown", ""
+        return self.health.cache.get(driver, pool, device)
 
     def _wipe_driver(self, driver: str) -> None:
         self.api.delete_slices(driver)

@@ -36,6 +36,8 @@ class Timings:
     crashloop_max: float = 300.0
     default_grace: float = 30.0  # terminationGracePeriodSeconds when the pod sets none
     device_plugin_dial: float = 10.0
+    health_retry: float = 5.0  # NodeWatchResources re-opened this long after it ended
+    health_timeout: float = 30.0  # a device's health without its own timeout goes Unknown
 
     @classmethod
     def fast(cls, **overrides: float) -> Timings:
@@ -60,6 +62,7 @@ class Timings:
             crashloop_initial=1.0,
             crashloop_max=5.0,
             device_plugin_dial=5.0,
+            health_retry=1.0,
         )
         return dataclasses.replace(base, **overrides)  # type: ignore[arg-type]
 
@@ -81,6 +84,8 @@ class NodeConfig:
     kubelet_port: int = KUBELET_PORT  # published in daemonEndpoints when not serving logs
     serve_logs: bool = True  # /containerLogs over HTTPS on a port of its own (kubectl logs)
     kubelet_version: str = ""  # default: the API server's version
+    # the kubelet's ResourceHealthStatus gate: DRA health streams → allocatedResourcesStatus
+    resource_health: bool = True
 
     @property
     def registry_dir(self) -> Path:

@@ -188,6 +188,35 @@ class DraManager:
             for d in entry.devices
         ]
 
+    def driver_devices(self, namespace: str, claim_name: str) -> list[tuple[str, PreparedDevice]]:
+        """(driver, device) for each device of a claim prepared here ([] when it is not)."""
+        entry = self.state.claims.get(f"{namespace}/{claim_name}")
+        if entry is None or not entry.prepared:
+            return []
+        return [
+            (
+                d.driver,
+                PreparedDevice(
+                    pool_name=d.pool_name,
+                    device_name=d.device_name,
+                    request_names=tuple(d.request_names),
+                    cdi_device_ids=tuple(d.cdi_device_ids),
+                    share_id=d.share_id,
+                ),
+            )
+            for d in list(entry.devices)
+        ]
+
+    def pods_using(self, devices: Iterable[tuple[str, str, str]]) -> set[str]:
+        """UIDs of the pods whose prepared claims hold any of these (driver, pool, device)."""
+        wanted = set(devices)
+        return {
+            uid
+            for entry in list(self.state.claims.values())
+            if any((d.driver, d.pool_name, d.device_name) in wanted for d in list(entry.devices))
+            for uid in list(entry.pod_uids)
+        }
+
     def holds(self, pod_uid: str) -> bool:
         """True while any claim still references the pod (it may not turn terminal)."""
         return any(pod_uid in e.pod_uids for e in self.state.claims.values())

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -32,6 +32,9 @@ from gpuslice_protos.kubelet.dra.v1 import api_pb2 as v1_pb2
 from gpuslice_protos.kubelet.dra.v1 import api_pb2_grpc as v1_grpc
 from gpuslice_protos.kubelet.dra.v1beta1 import api_pb2 as v1beta1_pb2
 from gpuslice_protos.kubelet.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+
+if TYPE_CHECKING:
+    from e2e.sandbox.nodeagent.health import NodeHealth
 
 log = get_logger(__name__)
 
@@ -70,6 +73,7 @@ class Endpoint:
     version: str
     channel: grpc.Channel
     connected: bool = False
+    health_service: str | None = None  # the NodeWatchResources stream being watched
 
     def stub(self) -> Any:
         if self.version == V1:
@@ -109,6 +113,7 @@ class DraPlugins:
         self._stop = threading.Event()
         self._monitor: threading.Thread | None = None
         self.wiped: list[str] = []  # drivers whose slices were wiped (for tests and logs)
+        self.health: NodeHealth | None = None  # set with the ResourceHealthStatus gate on
 
     # ---- PluginHandler ---------------------------------------------------------------------
     def validate_plugin(self, name: str, endpoint: str, versions: list[str]) -> None:
@@ -149,12 +154,16 @@ class DraPlugins:
             self._cancel_wipe(name)
         self._set_connected(ep, _listening(endpoint))
         self._ensure_monitor()
+        if self.health is not None:
+            ep.health_service = self.health.watch(name, endpoint, channel, versions)
 
     def deregister_plugin(self, name: str, endpoint: str) -> None:
         with self._lock:
             eps = self._endpoints.get(name, [])
             for ep in [e for e in eps if e.path == endpoint]:
                 eps.remove(ep)
+                if self.health is not None:
+                    self.health.unwatch(endpoint)
                 ep.channel.close()
             if not eps:
                 self._endpoints.pop(name, None)
@@ -283,6 +292,8 @@ class DraPlugins:
 
     def stop(self) -> None:
         self._stop.set()
+        if self.health is not None:
+            self.health.stop()
         with self._lock:
             for timer in self._wipe_timers.values():
                 timer.cancel()

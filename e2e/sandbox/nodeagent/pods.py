@@ -9,6 +9,7 @@ from collections import OrderedDict
 from e2e.sandbox.nodeagent.config import NodeConfig, Timings
 from e2e.sandbox.nodeagent.devicemanager import DeviceManager
 from e2e.sandbox.nodeagent.dra_manager import DraManager
+from e2e.sandbox.nodeagent.health import NodeHealth
 from e2e.sandbox.nodeagent.kubeapi import KubeletApi
 from e2e.sandbox.nodeagent.podworker import PodWorker
 from e2e.sandbox.nodeagent.runtime import Runtime
@@ -31,8 +32,10 @@ class PodManager:
         dra: DraManager,
         devices: DeviceManager,
         runtime: Runtime,
+        health: NodeHealth | None = None,
     ) -> None:
         self.config = config
+        self.health = health
         self.timings: Timings = config.timings
         self.api = api
         self.dra = dra
@@ -112,6 +115,13 @@ class PodManager:
                 self.reconcile()
             except Exception:
                 log.exception("DRA reconcile failed", node=self.config.name)
+
+    def poke(self, uids: set[str]) -> None:
+        """Sync these pods now (their devices' health changed)."""
+        with self._lock:
+            workers = [w for uid, w in self.workers.items() if uid in uids]
+        for w in workers:
+            w.poke()
 
     def worker(self, uid: str) -> PodWorker | None:
         with self._lock:

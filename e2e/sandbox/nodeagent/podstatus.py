@@ -65,7 +65,8 @@ def _terminated(status: ExitStatus, container_id: str) -> Obj:
     return out
 
 
-def container_status(v: ContainerView) -> Obj:
+def container_status(v: ContainerView, allocated: list[Obj] | None = None) -> Obj:
+    """One container's status; ``allocated``: its ``allocatedResourcesStatus`` (device health)."""
     state: Obj
     if v.running:
         state = {"running": {"startedAt": v.running_since}}
@@ -93,6 +94,8 @@ def container_status(v: ContainerView) -> Obj:
     }
     if v.container_id and (v.running or (v.exited is not None and not v.restarting)):
         out["containerID"] = v.container_id
+    if allocated:
+        out["allocatedResourcesStatus"] = allocated
     return out
 
 
@@ -211,8 +214,11 @@ def build(
     sandbox_ready: bool,
     inits: list[ContainerView],
     apps: list[ContainerView],
+    allocated: dict[str, list[Obj]] | None = None,
 ) -> Obj:
-    """The status part of the patch."""
+    """The status part of the patch. ``allocated``: container name → its
+    ``allocatedResourcesStatus`` (health.allocated_resources_status)."""
+    allocated = allocated or {}
     current = pod.get("status") or {}
     generation = pod["metadata"].get("generation")
     status: Obj = {
@@ -225,7 +231,7 @@ def build(
             [c for c in current.get("conditions") or [] if c.get("type") in OWNED],
             generation,
         ),
-        "containerStatuses": [container_status(a) for a in apps],
+        "containerStatuses": [container_status(a, allocated.get(a.name)) for a in apps],
     }
     if inits:
         status["initContainerStatuses"] = [container_status(i) for i in inits]

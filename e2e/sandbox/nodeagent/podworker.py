@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING
 
-from e2e.sandbox.nodeagent import podstatus
+from e2e.sandbox.nodeagent import health, podstatus
 from e2e.sandbox.nodeagent.claims import ClaimError, PodClaim, container_cdi_ids, pod_claims
 from e2e.sandbox.nodeagent.containers import build_config
 from e2e.sandbox.nodeagent.devicemanager import AdmissionError
@@ -182,8 +182,23 @@ class PodWorker:
             sandbox_ready=self.sandbox_ready and not terminal,
             inits=inits,
             apps=apps,
+            allocated=self._allocated(pod),
         )
         self._patch(pod, status)
+
+    def _allocated(self, pod: Obj) -> dict[str, list[Obj]]:
+        """Device health of the containers' claims (with the ResourceHealthStatus gate)."""
+        node_health = self.m.health
+        if node_health is None or not self.claims:
+            return {}
+        ns = pod["metadata"]["namespace"]
+        return health.allocated_resources_status(
+            pod,
+            self.claims,
+            lambda name: self.m.dra.driver_devices(ns, name),
+            node_health.cache.get,
+            messages=node_health.messages,
+        )
 
     def _patch(self, pod: Obj, status: Obj) -> None:
         if not podstatus.changed(pod, status):
@@ -198,7 +213,13 @@ class PodWorker:
         except KubeError as exc:
             log.warning("pod status patch failed", pod=self.ref, error=str(exc))
             return
+        if self.m.health is not None:
+            self.m.health.observe_readback(status, updated)
         self.update(updated)
+
+    def poke(self) -> None:
+        """Sync now (device health of its claims changed)."""
+        self._wake.set()
 
     def _event(self, pod: Obj, etype: str, reason: str, message: str, field_path: str = "") -> None:
         try:

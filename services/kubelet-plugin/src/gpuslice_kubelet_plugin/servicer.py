@@ -5,12 +5,14 @@
   DRA socket: every claim of a call gets its own entry in the answer, with an error string when
   it failed, so one bad claim never fails the call (a gRPC error would discard every claim);
 - ``HealthStreamServicer`` (``v1alpha1.DRAResourceHealth``): the health of every device at once,
-  then again after every change, until the kubelet goes away.
+  then again after every change (and every 10 s without one, so the kubelet's 30 s health
+  timeout never reads a quiet device as Unknown), until the kubelet goes away.
 """
 
 from __future__ import annotations
 
 import queue
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
@@ -164,10 +166,16 @@ class HealthSource(Protocol):
 
 
 class HealthStreamServicer(hpb_grpc.DRAResourceHealthServicer):
-    def __init__(self, source: HealthSource, pool: str, *, poll: float = 0.5) -> None:
+    def __init__(
+        self, source: HealthSource, pool: str, *, poll: float = 0.5, resend: float = 10.0
+    ) -> None:
         self.source = source
         self.pool = pool
         self.poll = poll
+        # The kubelet stamps each device with its own receive time and reads a device not
+        # refreshed within its timeout (default 30 s) as Unknown: the last snapshot is sent
+        # again every ``resend`` seconds even without a change.
+        self.resend = resend
 
     def _message(self, snapshot: list[DeviceHealth]) -> hpb.NodeWatchResourcesResponse:
         return hpb.NodeWatchResourcesResponse(
@@ -187,12 +195,17 @@ class HealthStreamServicer(hpb_grpc.DRAResourceHealthServicer):
     ) -> Iterator[hpb.NodeWatchResourcesResponse]:
         q = self.source.subscribe()
         log.info("health stream opened")
+        last: list[DeviceHealth] | None = None
+        sent = time.monotonic()
         try:
             while context.is_active():
                 try:
                     snapshot = q.get(timeout=self.poll)
                 except queue.Empty:
-                    continue
+                    if last is None or time.monotonic() - sent < self.resend:
+                        continue
+                    snapshot = last
+                last, sent = snapshot, time.monotonic()
                 yield self._message(snapshot)
         finally:
             self.source.unsubscribe(q)
