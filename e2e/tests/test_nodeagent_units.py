@@ -16,9 +16,10 @@ from typing import Any, cast
 import grpc
 import pytest
 
-from e2e.sandbox.nodeagent.claims import PodClaim, container_cdi_ids
-from e2e.sandbox.nodeagent.config import Timings
+from e2e.sandbox.nodeagent.claims import PodClaim, container_cdi_ids, container_claim_devices
+from e2e.sandbox.nodeagent.config import NodeConfig, Timings
 from e2e.sandbox.nodeagent.containers import build_config, expand
+from e2e.sandbox.nodeagent.devicemanager import DeviceInstance, DeviceManager
 from e2e.sandbox.nodeagent.dra_plugins import V1, V1BETA1, DraPlugins, PreparedDevice
 from e2e.sandbox.nodeagent.health import (
     HEALTH_V1,
@@ -34,6 +35,12 @@ from e2e.sandbox.nodeagent.health import (
     choose_health_service,
     truncate_message,
 )
+from e2e.sandbox.nodeagent.podresources import (
+    PodEntry,
+    PodResourcesServer,
+    Sources,
+    container_devices_pb,
+)
 from e2e.sandbox.nodeagent.podstatus import ContainerView, phase
 from e2e.sandbox.nodeagent.registration import PluginWatcher
 from e2e.sandbox.nodeagent.runtime import (
@@ -45,9 +52,14 @@ from e2e.sandbox.nodeagent.runtime import (
 from e2e.sandbox.nodeagent.testing import wait_for
 from e2e.tests.standin_dra_plugin import DRIVER, StandinDraPlugin
 from gpuslice_core.cdi import ClaimSpecs, ContainerEdits, Device, Hook
+from gpuslice_core.grpcserver import UnixGrpcServer
 from gpuslice_kube.raw import RawApi
+from gpuslice_protos.kubelet.deviceplugin.v1beta1 import api_pb2 as dpb
+from gpuslice_protos.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as dpb_grpc
 from gpuslice_protos.kubelet.dra_health.v1alpha1 import api_pb2 as hpb
 from gpuslice_protos.kubelet.dra_health.v1alpha1 import api_pb2_grpc as hpb_grpc
+from gpuslice_protos.kubelet.podresources.v1 import api_pb2 as prpb
+from gpuslice_protos.kubelet.podresources.v1 import api_pb2_grpc as pr_grpc
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -624,3 +636,205 @@ def test_unimplemented_stops_watching(root: Path) -> None:
         health.stop()
         channel.close()
         server.stop()
+
+
+# ---- pod resources API --------------------------------------------------------------------------
+def test_claim_devices_per_container_follow_claims_requests_and_extended_mappings() -> None:
+    claims = [PodClaim("a", "claim-a", True), PodClaim("", "ext-claim", True)]
+    a0 = PreparedDevice("pool", "gpu-0", ("gpu",), ("v/c=a-0",), share_id="s0")
+    a1 = PreparedDevice("pool", "gpu-1", ("other/sub",), ("v/c=a-1",))
+    e0 = PreparedDevice("pool", "gpu-2", ("container-0-request-0",), ("v/c=e-0",))
+    devices = {"claim-a": [("drv", a0), ("drv", a1)], "ext-claim": [("drv", e0)]}
+    pod: dict[str, Any] = {
+        "status": {
+            "extendedResourceClaimStatus": {
+                "resourceClaimName": "ext-claim",
+                "requestMappings": [
+                    {
+                        "containerName": "x",
+                        "resourceName": "r",
+                        "requestName": "container-0-request-0",
+                    }
+                ],
+            }
+        }
+    }
+
+    def got(name: str, refs: list[dict[str, str]]) -> dict[str, list[str]]:
+        container = {"name": name, "resources": {"claims": refs}}
+        out = container_claim_devices(pod, container, claims, lambda n: devices.get(n, []))
+        return {c: [d.device_name for _, d in ds] for c, ds in out.items()}
+
+    assert got("c", [{"name": "a"}]) == {"claim-a": ["gpu-0", "gpu-1"]}
+    assert got("c", [{"name": "a", "request": "other"}]) == {"claim-a": ["gpu-1"]}
+    # the same claim through two requests: one entry, no duplicates
+    both = [{"name": "a", "request": "gpu"}, {"name": "a"}]
+    assert got("c", both) == {"claim-a": ["gpu-0", "gpu-1"]}
+    assert got("c", []) == {}
+    assert got("x", []) == {"ext-claim": ["gpu-2"]}
+    devices["claim-a"] = []  # not prepared here: left out
+    assert got("c", [{"name": "a"}]) == {}
+
+
+def test_container_devices_are_one_entry_per_device_and_numa_node() -> None:
+    out = container_devices_pb(
+        [DeviceInstance("r/gpu", "d0", (0, 1)), DeviceInstance("r/gpu", "d1")]
+    )
+    assert [(c.resource_name, list(c.device_ids)) for c in out] == [
+        ("r/gpu", ["d0"]),
+        ("r/gpu", ["d0"]),
+        ("r/gpu", ["d1"]),
+    ]
+    assert [[n.ID for n in c.topology.nodes] for c in out] == [[0], [1], []]
+    assert not out[2].HasField("topology")
+
+
+def _pr_pod(name: str, uid: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "ns", "uid": uid},
+        "spec": {
+            "initContainers": [
+                {"name": "setup"},  # not restartable: not listed
+                {
+                    "name": "side",
+                    "restartPolicy": "Always",
+                    "resources": {"claims": [{"name": "a"}]},
+                },
+            ],
+            "containers": [
+                {"name": "main", "resources": {"claims": [{"name": "a"}]}},
+                {"name": "plain"},
+            ],
+        },
+    }
+
+
+def test_pod_resources_service_over_its_socket(root: Path) -> None:
+    dev = PreparedDevice("pool-a", "gpu-0", ("gpu",), ("v/c=x", "v/c=y"), share_id="sh-1")
+    dev2 = PreparedDevice("pool-a", "gpu-1", ("gpu",), ("v/c=z",))
+    running = PodEntry(_pr_pod("p1", "u1"), [PodClaim("a", "claim-1", True)])
+    finished = PodEntry(_pr_pod("p2", "u2"), [PodClaim("a", "claim-2", True)], active=False)
+    dp = {("u1", "main"): [DeviceInstance("example.com/gpu", "d0", (1,))]}
+    sources = Sources(
+        active_pods=lambda: [running],
+        find_pod=lambda ns, n: {("ns", "p1"): running, ("ns", "p2"): finished}.get((ns, n)),
+        claim_devices=lambda ns, c: (
+            [("drv.example", dev), ("drv.example", dev2)] if (ns, c) == ("ns", "claim-1") else []
+        ),
+        container_devices=lambda uid, key: dp.get((uid, key), []),
+        allocatable=lambda: [DeviceInstance("example.com/gpu", "d1")],
+    )
+    server = PodResourcesServer(root / "pod-resources", sources, "unit")
+    server.start()
+    channel = grpc.insecure_channel(f"unix://{root / 'pod-resources' / 'kubelet.sock'}")
+    try:
+        stub = pr_grpc.PodResourcesListerStub(channel)
+        listed = stub.List(prpb.ListPodResourcesRequest(), timeout=5).pod_resources
+        assert [(p.name, p.namespace) for p in listed] == [("p1", "ns")]
+        by_name = {c.name: c for c in listed[0].containers}
+        assert list(by_name) == ["side", "main", "plain"]
+        main = by_name["main"]
+        assert [(d.resource_name, list(d.device_ids)) for d in main.devices] == [
+            ("example.com/gpu", ["d0"])
+        ]
+        assert [n.ID for n in main.devices[0].topology.nodes] == [1]
+        (dyn,) = main.dynamic_resources
+        assert (dyn.claim_name, dyn.claim_namespace) == ("claim-1", "ns")
+        first, second = dyn.claim_resources
+        assert (first.driver_name, first.pool_name, first.device_name) == (
+            "drv.example",
+            "pool-a",
+            "gpu-0",
+        )
+        assert [c.name for c in first.cdi_devices] == ["v/c=x", "v/c=y"]
+        assert first.HasField("share_id") and first.share_id == "sh-1"
+        assert [c.name for c in second.cdi_devices] == ["v/c=z"]
+        assert not second.HasField("share_id")
+        assert len(by_name["side"].dynamic_resources) == 1 and not by_name["side"].devices
+        assert not by_name["plain"].dynamic_resources and not by_name["plain"].devices
+
+        got = stub.Get(prpb.GetPodResourcesRequest(pod_name="p1", pod_namespace="ns"), timeout=5)
+        assert got.pod_resources == listed[0]
+        gone = stub.Get(prpb.GetPodResourcesRequest(pod_name="p2", pod_namespace="ns"), timeout=5)
+        assert [c.name for c in gone.pod_resources.containers] == ["side", "main", "plain"]
+        assert not any(c.devices or c.dynamic_resources for c in gone.pod_resources.containers)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Get(prpb.GetPodResourcesRequest(pod_name="nope", pod_namespace="ns"), timeout=5)
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+        assert "pod nope in namespace ns not found" in str(err.value.details())
+
+        alloc = stub.GetAllocatableResources(prpb.AllocatableResourcesRequest(), timeout=5)
+        assert [(d.resource_name, list(d.device_ids)) for d in alloc.devices] == [
+            ("example.com/gpu", ["d1"])
+        ]
+        assert not alloc.cpu_ids and not alloc.memory
+    finally:
+        channel.close()
+        server.stop()
+    assert not (root / "pod-resources" / "kubelet.sock").exists()
+
+
+class TopologyPlugin(dpb_grpc.DevicePluginServicer):
+    """A device plugin that lists d0 (NUMA 0), d1 (no topology) and an unhealthy d2."""
+
+    def __init__(self, socket: Path) -> None:
+        self.socket = socket
+        self.done = threading.Event()
+
+    def GetDevicePluginOptions(self, request: Any, context: Any) -> Any:
+        return dpb.DevicePluginOptions()
+
+    def ListAndWatch(self, request: Any, context: Any) -> Iterator[Any]:
+        numa0 = dpb.TopologyInfo(nodes=[dpb.NUMANode(ID=0)])
+        yield dpb.ListAndWatchResponse(
+            devices=[
+                dpb.Device(ID="d0", health="Healthy", topology=numa0),
+                dpb.Device(ID="d1", health="Healthy"),
+                dpb.Device(ID="d2", health="Unhealthy"),
+            ]
+        )
+        self.done.wait(30)
+
+    def GetPreferredAllocation(self, request: Any, context: Any) -> Any:
+        return dpb.PreferredAllocationResponse()
+
+    def PreStartContainer(self, request: Any, context: Any) -> Any:
+        return dpb.PreStartContainerResponse()
+
+    def Allocate(self, request: Any, context: Any) -> Any:
+        return dpb.AllocateResponse(
+            container_responses=[
+                dpb.ContainerAllocateResponse() for _ in request.container_requests
+            ]
+        )
+
+
+def test_device_manager_reports_allocations_and_healthy_devices_with_numa(root: Path) -> None:
+    config = NodeConfig(name="unit", root=root, timings=Timings.fast())
+    config.make_dirs()
+    manager = DeviceManager(config, lambda: None)
+    manager.start()
+    plugin = TopologyPlugin(config.device_plugins_dir / "topo.sock")
+    server = UnixGrpcServer([plugin.socket], name="topo")
+    server.add(dpb_grpc.add_DevicePluginServicer_to_server, plugin, "v1beta1.DevicePlugin")
+    server.start()
+    try:
+        manager.register(
+            dpb.RegisterRequest(version="v1beta1", endpoint="topo.sock", resource_name="ex.com/gpu")
+        )
+        allocatable = wait_for(manager.allocatable, 5, "ListAndWatch")
+        assert allocatable == [
+            DeviceInstance("ex.com/gpu", "d0", (0,)),
+            DeviceInstance("ex.com/gpu", "d1", ()),
+        ]
+        pod = {
+            "metadata": {"uid": "u1"},
+            "spec": {"containers": [{"name": "main", "resources": {"limits": {"ex.com/gpu": 2}}}]},
+        }
+        manager.allocate(pod)
+        assert manager.container_devices("u1", "main") == allocatable
+        assert manager.container_devices("u1", "other") == []
+    finally:
+        plugin.done.set()
+        manager.stop()
+        server.stop(grace=0.2)

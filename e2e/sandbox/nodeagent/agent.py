@@ -22,6 +22,7 @@ from e2e.sandbox.nodeagent.health import Key, NodeHealth
 from e2e.sandbox.nodeagent.kubeapi import KubeletApi
 from e2e.sandbox.nodeagent.logserver import LogServer
 from e2e.sandbox.nodeagent.node import NodeReporter
+from e2e.sandbox.nodeagent.podresources import PodResourcesServer, Sources
 from e2e.sandbox.nodeagent.pods import PodManager
 from e2e.sandbox.nodeagent.registration import PluginWatcher, RegistrationError
 from e2e.sandbox.nodeagent.runtime import Runtime
@@ -84,6 +85,18 @@ class NodeAgent:
             cfg, self.raw, self.api, self.dra, self.devices, self.runtime, self.health
         )
         self.pods.start()
+        self.pod_resources = PodResourcesServer(
+            cfg.pod_resources_dir,
+            Sources(
+                active_pods=self.pods.active_pods,
+                find_pod=self.pods.find_pod,
+                claim_devices=self.dra.driver_devices,
+                container_devices=self.devices.container_devices,
+                allocatable=self.devices.allocatable,
+            ),
+            cfg.name,
+        )
+        self.pod_resources.start()
         self._started = True
         log.info("node agent started", node=cfg.name, root=str(cfg.root))
         return self
@@ -94,6 +107,7 @@ class NodeAgent:
         if not self._started:
             return
         self._started = False
+        self.pod_resources.stop()
         self.pods.stop(kill_containers=kill_containers)
         self.watcher.stop()
         self.devices.stop()
@@ -130,6 +144,11 @@ class NodeAgent:
 
     def registered_drivers(self) -> list[str]:
         return self.plugins.drivers()
+
+    @property
+    def pod_resources_socket(self) -> Path:
+        """``<root>/pod-resources/kubelet.sock`` (``v1.PodResourcesLister``)."""
+        return self.config.pod_resources_dir / "kubelet.sock"
 
     def device_plugin_resources(self) -> list[str]:
         return sorted(self.devices.endpoints)

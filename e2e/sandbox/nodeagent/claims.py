@@ -119,3 +119,42 @@ def container_cdi_ids(
             if any(_request_matches(device, r) for r in requests):
                 ids.extend(device.cdi_device_ids)
     return list(dict.fromkeys(ids))
+
+
+def container_claim_devices(
+    pod: Obj,
+    container: Obj,
+    claims: Iterable[PodClaim],
+    devices: Callable[[str], list[tuple[str, PreparedDevice]]],
+) -> dict[str, list[tuple[str, PreparedDevice]]]:
+    """Claim name → the (driver, device) pairs ``container`` gets from it: the same selection
+    as ``container_cdi_ids`` (the claims and requests it lists, plus its share of the
+    extended-resource claim), for the pod resources API. Claims with no prepared device are
+    left out; ``devices(claim_name)`` returns [] for a claim not prepared here."""
+    by_pod_name = {pc.pod_claim_name: pc for pc in claims}
+    out: dict[str, list[tuple[str, PreparedDevice]]] = {}
+
+    def add(claim_name: str, requests: list[str]) -> None:
+        # no requests: every device of the claim
+        for driver, device in devices(claim_name):
+            if not requests or any(_request_matches(device, r) for r in requests):
+                chosen = out.setdefault(claim_name, [])
+                if (driver, device) not in chosen:
+                    chosen.append((driver, device))
+
+    for ref in (container.get("resources") or {}).get("claims") or []:
+        pc = by_pod_name.get(ref["name"])
+        if pc is None or not pc.pod_claim_name:
+            continue
+        add(pc.claim_name, [ref["request"]] if ref.get("request") else [])
+    extended_pc = by_pod_name.get("")
+    extended = (pod.get("status") or {}).get("extendedResourceClaimStatus") or {}
+    if extended_pc is not None:
+        requests = [
+            m["requestName"]
+            for m in extended.get("requestMappings") or []
+            if m.get("containerName") == container["name"]
+        ]
+        if requests:
+            add(extended_pc.claim_name, requests)
+    return out

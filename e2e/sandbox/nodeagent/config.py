@@ -104,6 +104,10 @@ class NodeConfig:
         return self.cdi_root if self.cdi_root is not None else self.root / "cdi"
 
     @property
+    def pod_resources_dir(self) -> Path:
+        return self.root / "pod-resources"
+
+    @property
     def pods_dir(self) -> Path:
         return self.root / "pods"
 
@@ -123,6 +127,7 @@ class NodeConfig:
             self.device_plugins_dir,
             self.cdi_dir,
             self.pods_dir,
+            self.pod_resources_dir,
         ):
             d.mkdir(parents=True, exist_ok=True)
         self.registry_dir.chmod(0o755)

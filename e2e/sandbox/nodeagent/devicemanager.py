@@ -76,6 +76,15 @@ class DeviceState(BaseModel):
     pods: dict[str, dict[str, dict[str, Allocation]]] = {}
 
 
+@dataclass(frozen=True)
+class DeviceInstance:
+    """One device-plugin device as the pod resources API reports it."""
+
+    resource: str
+    device_id: str
+    numa_nodes: tuple[int, ...] = ()  # empty: the plugin gave no topology
+
+
 @dataclass
 class ResourceEndpoint:
     resource: str
@@ -83,6 +92,7 @@ class ResourceEndpoint:
     channel: grpc.Channel
     options: dp_pb2.DevicePluginOptions
     devices: dict[str, str] = field(default_factory=dict)  # device ID → health
+    numa: dict[str, tuple[int, ...]] = field(default_factory=dict)  # device ID → NUMA nodes
     stream: Any = None  # the ListAndWatch call (cancel() ends it)
     replaced: bool = False
 
@@ -192,6 +202,11 @@ class DeviceManager:
             for response in stream:
                 with self._lock:
                     ep.devices = {d.ID: d.health for d in response.devices}
+                    ep.numa = {
+                        d.ID: tuple(n.ID for n in d.topology.nodes)
+                        for d in response.devices
+                        if d.HasField("topology")
+                    }
                 self.on_change()
         except grpc.RpcError as exc:
             if not ep.replaced:
@@ -306,3 +321,28 @@ class DeviceManager:
 
     def pod_uids(self) -> set[str]:
         return set(self.state.pods)
+
+    # ---- pod resources API ---------------------------------------------------------------------
+    def container_devices(self, pod_uid: str, container: str) -> list[DeviceInstance]:
+        """The devices allocated to a container (``init:<name>`` for init containers)."""
+        with self._lock:
+            allocs = self.state.pods.get(pod_uid, {}).get(container, {})
+            return [
+                DeviceInstance(resource, d, self._numa(resource, d))
+                for resource, alloc in sorted(allocs.items())
+                for d in alloc.device_ids
+            ]
+
+    def allocatable(self) -> list[DeviceInstance]:
+        """Every healthy device of every registered resource."""
+        with self._lock:
+            return [
+                DeviceInstance(resource, d, ep.numa.get(d, ()))
+                for resource, ep in sorted(self.endpoints.items())
+                for d, h in sorted(ep.devices.items())
+                if h == HEALTHY
+            ]
+
+    def _numa(self, resource: str, device: str) -> tuple[int, ...]:
+        ep = self.endpoints.get(resource)
+        return ep.numa.get(device, ()) if ep is not None else ()

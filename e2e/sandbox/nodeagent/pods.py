@@ -11,6 +11,7 @@ from e2e.sandbox.nodeagent.devicemanager import DeviceManager
 from e2e.sandbox.nodeagent.dra_manager import DraManager
 from e2e.sandbox.nodeagent.health import NodeHealth
 from e2e.sandbox.nodeagent.kubeapi import KubeletApi
+from e2e.sandbox.nodeagent.podresources import PodEntry
 from e2e.sandbox.nodeagent.podworker import PodWorker
 from e2e.sandbox.nodeagent.runtime import Runtime
 from gpuslice_core.logging import get_logger
@@ -100,6 +101,21 @@ class PodManager:
     def active_pod_uids(self) -> set[str]:
         with self._lock:
             return {uid for uid, w in self.workers.items() if not w.terminated}
+
+    def active_pods(self) -> list[PodEntry]:
+        """The pods the pod resources API lists: not terminated, not rejected at admission."""
+        with self._lock:
+            workers = [w for w in self.workers.values() if not w.terminated and not w.rejected]
+        return [PodEntry(*w.snapshot()) for w in workers]
+
+    def find_pod(self, namespace: str, name: str) -> PodEntry | None:
+        """An active pod, else a pod bound here that is no longer active (no resources)."""
+        for entry in self.active_pods():
+            meta = entry.pod["metadata"]
+            if meta["namespace"] == namespace and meta["name"] == name:
+                return entry
+        obj = self.reflector.cache.get(f"{namespace}/{name}")
+        return PodEntry(obj, active=False) if obj is not None else None
 
     def reconcile(self) -> None:
         active = self.active_pod_uids()

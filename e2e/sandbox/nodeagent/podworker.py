@@ -217,6 +217,11 @@ class PodWorker:
             self.m.health.observe_readback(status, updated)
         self.update(updated)
 
+    def snapshot(self) -> tuple[Obj, list[PodClaim]]:
+        """The latest pod object and its claims (for the pod resources API)."""
+        with self._lock:
+            return self.pod, list(self.claims)
+
     def poke(self) -> None:
         """Sync now (device health of its claims changed)."""
         self._wake.set()
