@@ -87,9 +87,9 @@ def watchdog_cost(seconds: float) -> None:
                     control.add_process(sleeper.pid, 0, used_memory_bytes=MIB, real=True)
                     sleepers.append(sleeper)
                 time.sleep(0.5)
-                start_cpu, start = cpu_seconds(proc.proc.pid), time.monotonic()  # type: ignore[union-attr]
+                start_cpu, start = cpu_seconds(proc.pid), time.monotonic()
                 time.sleep(seconds)
-                cpu = cpu_seconds(proc.proc.pid) - start_cpu  # type: ignore[union-attr]
+                cpu = cpu_seconds(proc.pid) - start_cpu
                 wall = time.monotonic() - start
                 per_sample_ms = cpu / (wall / 0.1) * 1e3
                 nvml_ms = fake_nvml_ms(config)

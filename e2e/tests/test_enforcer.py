@@ -307,7 +307,7 @@ def test_a_restart_keeps_every_share_and_never_interrupts_workloads(
     run_hook(hook, "ctr-hog", hog.pid)
     time.sleep(1.0)  # throttled by now, frozen part of the time
 
-    proc.kill()  # kill -9, possibly while the hog's cgroup is frozen
+    proc.kill9()  # possibly while the hog's cgroup is frozen
     proc.start()
     with proc.channel() as channel:
         stub = proc.stub(channel)

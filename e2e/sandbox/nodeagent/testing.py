@@ -3,47 +3,15 @@ conditions, the events of an object, unique names."""
 
 from __future__ import annotations
 
-import time
 import uuid
-from collections.abc import Callable
 from typing import TypeVar
 
+from gpuslice_core.testing import WaitTimeoutError as WaitTimeoutError  # re-exported
+from gpuslice_core.testing import wait_for as wait_for  # re-exported
 from gpuslice_kube.errors import KubeNotFoundError
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 
 T = TypeVar("T")
-
-
-class WaitTimeoutError(AssertionError):
-    """What was waited for did not happen in time (the message names it and the last value)."""
-
-
-def wait_for(
-    predicate: Callable[[], T | None],
-    timeout: float,
-    what: str,
-    interval: float = 0.05,
-    max_interval: float = 0.5,
-) -> T:
-    """Poll ``predicate`` until it returns something truthy and return that; fail after
-    ``timeout`` seconds with a message naming ``what`` and the last value seen."""
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while True:
-        try:
-            value = predicate()
-        except AssertionError as exc:  # a predicate may assert to explain itself
-            value, last = None, exc
-        else:
-            last = value
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise WaitTimeoutError(
-                f"timed out after {timeout:g}s waiting for {what}; last: {last!r}"
-            )
-        time.sleep(interval)
-        interval = min(interval * 1.5, max_interval)
 
 
 def unique(prefix: str) -> str:

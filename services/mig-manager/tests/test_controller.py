@@ -11,6 +11,7 @@ from typing import TypeVar
 import pytest
 import tenacity
 
+from gpuslice_core import testing
 from gpuslice_mig_manager.apply import LayoutState, apply_layout
 from gpuslice_mig_manager.controller import Backoff, LayoutController
 from gpuslice_mig_manager.kube import LABEL_CONFIG
@@ -53,16 +54,7 @@ class Recorder:
 
 
 def wait_for(predicate: Callable[[], T | None], what: str, timeout: float = 15) -> T:
-    deadline = time.monotonic() + timeout
-    interval = 0.01
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(interval)
-        interval = min(interval * 1.5, 0.2)
+    return testing.wait_for(predicate, timeout, what, interval=0.01, max_interval=0.2)
 
 
 @pytest.fixture

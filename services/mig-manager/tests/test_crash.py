@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import pytest
 
 from gpuslice_core.grpcserver import check_health
+from gpuslice_core.testing import ServiceProcess
 from gpuslice_mig_manager.state import FILE_NAME
 from gpuslice_mig_manager.testhooks import ENV as CRASH_ENV
 from gpuslice_nvml.fake import FakeNvml
@@ -39,11 +37,18 @@ gpus:
 _SCRUB = ("NODE_NAME", "KUBECONFIG", "MIG_CONFIG_FILE", "MIG_CONFIG_MAP", "DYNAMIC_MIG", CRASH_ENV)
 
 
-@dataclass
-class Proc:
-    popen: subprocess.Popen[bytes]
-    socket: Path
-    log: Path
+class Proc(ServiceProcess):
+    """A mig-manager process on ``socket``."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], socket: Path, log: Path) -> None:
+        self.socket = socket
+        super().__init__(
+            "gpuslice-mig-manager",
+            argv,
+            log=log,
+            env=env,
+            ready=lambda: check_health(socket, timeout=0.5),
+        )
 
     def stub(self) -> tuple[grpc.Channel, pbgrpc.MigManagerStub]:
         channel = grpc.insecure_channel(f"unix://{self.socket}")
@@ -59,7 +64,6 @@ class Launcher:
         env = {k: v for k, v in os.environ.items() if k not in _SCRUB}
         if crash_at:
             env[CRASH_ENV] = crash_at
-        log = self.state_dir.parent / f"mig-manager-{len(self.procs)}.log"
         argv = [
             sys.executable,
             "-m",
@@ -72,26 +76,14 @@ class Launcher:
             "--dynamic-mig",
             "--reconcile-interval=0",
         ]
-        with log.open("wb") as out:
-            popen = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
-        proc = Proc(popen, self.socket, log)
+        log = self.state_dir.parent / f"mig-manager-{len(self.procs)}.log"
+        proc = Proc(argv, env, self.socket, log)
         self.procs.append(proc)
-        deadline = time.monotonic() + 15
-        while not check_health(self.socket, timeout=0.5):
-            if popen.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"mig-manager did not start: {log.read_text()[-3000:]}")
-            time.sleep(0.05)
-        return proc
+        return proc.start(timeout=15)
 
     def stop_all(self) -> None:
         for proc in self.procs:
-            if proc.popen.poll() is None:
-                proc.popen.send_signal(signal.SIGTERM)
-                try:
-                    proc.popen.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.popen.kill()
-                    proc.popen.wait(5)
+            proc.stop(grace=10)
 
 
 @pytest.fixture
@@ -116,7 +108,7 @@ def test_kill_between_create_gpu_instance_and_compute_instance(launcher: Launche
             timeout=10,
         )
     assert died.value.code() == grpc.StatusCode.UNAVAILABLE
-    assert crashing.popen.wait(10) == -signal.SIGKILL
+    assert crashing.wait(10) == -signal.SIGKILL
     # The crash point was reached: a GPU instance without a compute instance exists now.
     assert [gi.placement.start for gi in fake.gpu_instances(0)] == [4]
     assert fake.mig_devices(0) == []
@@ -160,7 +152,7 @@ def test_kill_between_destroying_compute_and_gpu_instance(launcher: Launcher) ->
     )
     with channel, pytest.raises(grpc.RpcError):
         stub.DestroyInstance(request, timeout=10)
-    assert crashing.popen.wait(10) == -signal.SIGKILL
+    assert crashing.wait(10) == -signal.SIGKILL
     assert len(fake.gpu_instances(1)) == 1 and fake.mig_devices(1) == []
 
     restarted = launcher.start()

@@ -17,12 +17,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 
 from gpuslice_core.grpcserver import check_health
+from gpuslice_core.testing import ServiceProcess
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2_grpc as pb_grpc
 
@@ -155,14 +155,19 @@ class Workload:
                     stream.close()
 
 
-@dataclass
-class EnforcerProcess:
+class EnforcerProcess(ServiceProcess):
     """``gpuslice-enforcer`` as a real process on a unix socket, with the fake NVML."""
 
-    config: Path
-    workdir: Path
-    extra_args: list[str] = field(default_factory=list)
-    proc: subprocess.Popen[bytes] | None = None
+    def __init__(self, config: Path, workdir: Path, extra_args: Sequence[str] = ()) -> None:
+        self.config = config
+        self.workdir = workdir
+        self.extra_args = list(extra_args)
+        super().__init__(
+            "gpuslice-enforcer",
+            self.args(),
+            log=workdir / "enforcer.log",
+            ready=lambda: self.socket.exists() and check_health(self.socket, timeout=1),
+        )
 
     @property
     def socket(self) -> Path:
@@ -175,10 +180,6 @@ class EnforcerProcess:
     @property
     def state_dir(self) -> Path:
         return self.workdir / "state"
-
-    @property
-    def log(self) -> Path:
-        return self.workdir / "enforcer.log"
 
     def args(self) -> list[str]:
         return [
@@ -193,44 +194,6 @@ class EnforcerProcess:
             "--log-level=debug",
             *self.extra_args,
         ]
-
-    def start(self, timeout: float = 30.0) -> EnforcerProcess:
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                self.args(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-            )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"the enforcer exited with {self.proc.returncode}: {self.tail()}"
-                )
-            if self.socket.exists() and check_health(self.socket, timeout=1):
-                return self
-            time.sleep(0.02)
-        raise RuntimeError(f"the enforcer did not become healthy: {self.tail()}")
-
-    def tail(self, chars: int = 3000) -> str:
-        try:
-            return self.log.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
-
-    def stop(self) -> None:
-        """SIGTERM (graceful: it thaws what it froze)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def kill(self) -> None:
-        """SIGKILL: a crash, nothing cleaned up."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
 
     def stop_mps_daemons(self, timeout: float = 10.0) -> None:
         """Stop every MPS control daemon started under this enforcer's MPS root, and wait until

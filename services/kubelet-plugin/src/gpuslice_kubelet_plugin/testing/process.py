@@ -7,17 +7,15 @@ plugin.kill9() / plugin.terminate() / plugin.stop()
 
 from __future__ import annotations
 
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
+from gpuslice_core.testing import ServiceProcess
 from gpuslice_kubelet_plugin.discovery import DRIVER
 from gpuslice_kubelet_plugin.server import Sockets, probe
 
 
-class PluginProcess:
+class PluginProcess(ServiceProcess):
     def __init__(
         self,
         *,
@@ -37,7 +35,7 @@ class PluginProcess:
         self.sockets = Sockets.for_driver(
             DRIVER, registrar_dir=registrar_dir, plugins_dir=plugins_dir
         )
-        self.argv = [
+        argv = [
             sys.executable,
             "-m",
             "gpuslice_kubelet_plugin",
@@ -61,42 +59,18 @@ class PluginProcess:
             "",
             *extra,
         ]
-        self.log = log
-        self.proc: subprocess.Popen[bytes] | None = None
+        # ready when both sockets answer: probe() returns the problems, none when healthy
+        super().__init__(
+            "gpuslice-kubelet-plugin",
+            argv,
+            log=log,
+            ready=lambda: not probe(self.sockets, timeout=1),
+        )
 
     @property
     def checkpoint(self) -> Path:
         return self.state_dir / "kubelet-plugin.json"
 
-    def start(self, timeout: float = 60) -> PluginProcess:
-        """Start and wait until both sockets answer (the probe passes)."""
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        while probe(self.sockets, timeout=1):
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the plugin exited: {self.log.read_text()[-3000:]}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the plugin did not come up in {timeout}s: {self.log}")
-            time.sleep(0.05)
-        return self
-
-    def kill9(self) -> None:
-        if self.proc is not None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-
-    def terminate(self, timeout: float = 30) -> int:
-        """SIGTERM; the exit status."""
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+    def start(self, timeout: float = 60.0) -> PluginProcess:
+        """Start and wait until both sockets answer end to end (the probe passes)."""
+        return super().start(timeout)
