@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Builds the sandbox's Kubernetes control plane from Go modules, with the machine's Go:
-#   etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl
+# Builds the sandbox's Kubernetes binaries from Go modules, with the machine's Go:
+#   etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, and kubelet (for the
+#   real-node tier)
 # of the release pinned in hack/kube/versions.env (override: KUBE_VERSION=v1.36.5 or =1.36,
 # ETCD_VERSION=v3.6.16), into a cache outside the work tree:
 #   ${GPUSLICE_KUBE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpuslice/kube}/<kube version>/bin/
 # The Go module and build caches live under that cache root too. A stamp file (bin/.stamp) is
 # written only after a complete, verified build; with it in place the script only prints the dir.
+# A failed build loses nothing: compiled packages stay in the Go build cache and linked binaries
+# in bin.partial/, so the rerun it asks for only redoes what is missing.
 #
-# When KUBEBUILDER_ASSETS names a directory holding all five binaries, those are used instead
+# When KUBEBUILDER_ASSETS names a directory holding all six binaries, those are used instead
 # (nothing is built). GPUSLICE_KUBE_BIN_DIR does the same and wins over both.
 #
 # usage: hack/kube-binaries.sh [--print-dir | --check | --force | --prune | --latest | --help]
@@ -17,13 +20,15 @@
 #   --force      rebuild even when the stamp says the cache is complete
 #   --latest     ask the module proxy whether a newer patch/minor than the pin exists
 #   --prune      after a build (or on a cached one): delete the Go module and build caches and the
-#                wrapper modules (~5 GB), keeping only bin/ (~400 MB); a later build starts cold
+#                wrapper modules (~5 GB), keeping only bin/ (~470 MB); a later build starts cold
 set -euo pipefail
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VERSIONS_FILE="$REPO_ROOT/hack/kube/versions.env"
-BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl)
-KUBE_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+# shellcheck source=lib/kube-verify.sh
+source "$REPO_ROOT/hack/lib/kube-verify.sh"
+BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet)
+KUBE_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet)
 MIN_MINOR=34
 
 log() { printf '>> %s\n' "$*" >&2; }
@@ -31,6 +36,9 @@ die() { printf 'kube-binaries: error: %s\n' "$*" >&2; exit 1; }
 
 pinned() { # pinned KEY -> value from versions.env (not sourced, so the environment wins)
   sed -n "s/^$1=\\([^[:space:]#]*\\).*/\\1/p" "$VERSIONS_FILE" | tail -n1
+}
+first_match() { # first_match 's/RE/REPL/' TEXT -> the first line RE matches, substituted
+  sed -n "$1;T;p;q" <<<"$2"  # quits itself: no `| head -n1` for pipefail to trip over
 }
 
 MODE=build
@@ -95,7 +103,7 @@ missing_in() { local d=$1 b out=(); for b in "${BINARIES[@]}"; do [ -x "$d/$b" ]
 prune() {
   log "pruning the Go caches under $CACHE_ROOT (bin/ dirs are kept)"
   if [ -d "$GOMODCACHE" ]; then chmod -R u+w "$GOMODCACHE"; fi  # module files are read-only
-  rm -rf "$GOCACHE" "$GOPATH" "$CACHE_ROOT"/v*/build "$CACHE_ROOT"/v*/bin.partial
+  rm -rf "$GOCACHE" "$GOPATH" "$CACHE_ROOT/tmp" "$CACHE_ROOT"/v*/build "$CACHE_ROOT"/v*/bin.partial
 }
 cache_ok() { [ -f "$STAMP" ] && [ "$(head -n1 "$STAMP")" = "$STAMP_KEY" ] && have_all "$BIN_DIR"; }
 
@@ -117,7 +125,7 @@ if [ "$MODE" != force ] && [ "$MODE" != latest ]; then
   fi
   if [ "$MODE" = print ] || [ "$MODE" = check ]; then
     cat >&2 <<EOF
-kube-binaries: the Kubernetes $REQUESTED control-plane binaries are not built.
+kube-binaries: the Kubernetes $REQUESTED binaries (control plane and kubelet) are not built.
   looked in: ${GPUSLICE_KUBE_BIN_DIR:+GPUSLICE_KUBE_BIN_DIR=$GPUSLICE_KUBE_BIN_DIR, }${KUBEBUILDER_ASSETS:+KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS, }$BIN_DIR
   build them once (about 10 minutes on 2 cores, then cached):  ${HOW}make kube-binaries
   or: ${HOW}hack/kube-binaries.sh    (or point KUBEBUILDER_ASSETS at a dir with ${BINARIES[*]})
@@ -139,7 +147,7 @@ if [ "$MODE" = latest ]; then
     if err=$(GOSUMDB=off go mod download -json "k8s.io/kubernetes@$v" 2>&1); then
       echo "newer release served and downloadable: $v (pin it in hack/kube/versions.env)"
     else
-      echo "listed but not downloadable: $v: $(printf '%s\n' "$err" | sed -n 's/.*"Error": "\([^"]*\)".*/\1/p' | head -n1)"
+      echo "listed but not downloadable: $v: $(first_match 's/.*"Error": "\([^"]*\)".*/\1/' "$err")"
     fi
   done
   exit 0
@@ -163,11 +171,25 @@ if ! flock -n 9; then
 fi
 
 START=$SECONDS
+BUILT_AT=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 NICE=(nice -n "${GPUSLICE_BUILD_NICE:-19}")
 BUILD_DIR="$VERSION_DIR/build"
 STAGE="$VERSION_DIR/bin.partial"
-rm -rf "$STAGE" "$STAMP"
-mkdir -p "$BUILD_DIR/kube" "$BUILD_DIR/etcd" "$STAGE"
+# go build's scratch dir on the cache's file system: a linked binary reaches bin.partial/ by
+# rename, never as a half-copied file that a later run would take for up to date
+export GOTMPDIR="$CACHE_ROOT/tmp"
+# Nothing finished is thrown away: bin/ and its stamp stay usable until this build replaces them,
+# and bin.partial/ of a failed run is kept, so go build relinks only what is not up to date.
+rm -rf "$STAGE/.stamp" "$GOTMPDIR"  # (the scratch of a killed build; we hold the lock)
+mkdir -p "$BUILD_DIR/kube" "$BUILD_DIR/etcd" "$STAGE" "$GOTMPDIR"
+rerun_hint() { # EXIT trap while building: a failed run says what it kept and what to run next
+  [ "$1" != 0 ] || return 0
+  printf '%s\n' \
+    "kube-binaries: the work done so far is kept (compiled packages in GOCACHE=$GOCACHE," \
+    "  linked binaries in $STAGE/); a rerun redoes only what is missing." \
+    "  fix the cause above, then run again:  ${HOW}make kube-binaries   (= ${HOW}hack/kube-binaries.sh)" >&2
+}
+trap 'rerun_hint $?' EXIT
 log "building Kubernetes $KUBE_VERSION + etcd $ETCD_VERSION with $GO_VERSION into $BIN_DIR"
 log "caches: GOMODCACHE=$GOMODCACHE GOCACHE=$GOCACHE; full logs in $BUILD_DIR/*.log"
 log "a cold build takes tens of minutes on 2 cores (nice -n ${GPUSLICE_BUILD_NICE:-19})"
@@ -195,7 +217,8 @@ cd "$BUILD_DIR/kube"
 dl_json=$("${NICE[@]}" go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" 2>&1) \
   || die "go mod download -json k8s.io/kubernetes@$KUBE_VERSION failed: $(printf '%s\n' "$dl_json" | grep '"Error"')"
 KUBE_GOMOD=$(printf '%s\n' "$dl_json" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",*$/\1/p')
-KUBE_COMMIT=$(printf '%s\n' "$dl_json" | sed -n 's/^[[:space:]]*"Hash": "\([0-9a-f]\{40\}\)",*$/\1/p' | head -n1)
+KUBE_COMMIT=$(first_match 's/^[[:space:]]*"Hash": "\([0-9a-f]\{40\}\)",*$/\1/' "$dl_json")
+KUBE_INFO=$(first_match 's/^[[:space:]]*"Info": "\(.*\)",*$/\1/' "$dl_json")
 [ -f "$KUBE_GOMOD" ] || die "no go.mod for k8s.io/kubernetes@$KUBE_VERSION in the download ($KUBE_GOMOD)"
 mapfile -t STAGING < <(awk '$2 == "=>" && $3 ~ /^\.\/staging\/src\// {print $1}' "$KUBE_GOMOD" | sort -u)
 (( ${#STAGING[@]} > 10 )) || die "found only ${#STAGING[@]} staging replaces in $KUBE_GOMOD"
@@ -220,7 +243,11 @@ GODEBUG_LINES=$(awk '
 rm -f go.sum
 log "    wrapper module: $BUILD_DIR/kube/go.mod (go $GO_DIRECTIVE, ${#STAGING[@]} staging replaces at $STAGING_VERSION)"
 
-BUILD_DATE=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+# buildDate is the release's time as the module proxy reports it, not the time of this build: the
+# same inputs then link to the same binary, and a rerun skips those already in bin.partial/
+BUILD_DATE=""
+[ ! -f "$KUBE_INFO" ] || BUILD_DATE=$(first_match 's/.*"Time":"\([^"]*\)".*/\1/' "$(<"$KUBE_INFO")")
+BUILD_DATE=${BUILD_DATE:-$BUILT_AT}
 LDFLAGS="-s -w"
 for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   LDFLAGS+=" -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$KUBE_MINOR"
@@ -245,7 +272,7 @@ etcd_json=$("${NICE[@]}" go mod download -json "go.etcd.io/etcd/server/v3@$ETCD_
   || die "go mod download -json go.etcd.io/etcd/server/v3@$ETCD_VERSION failed: $(printf '%s\n' "$etcd_json" | grep '"Error"')"
 ETCD_GOMOD=$(printf '%s\n' "$etcd_json" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",*$/\1/p')
 ETCD_GO=$(awk '$1 == "go" {print $2; exit}' "$ETCD_GOMOD")
-ETCD_COMMIT=$(printf '%s\n' "$etcd_json" | sed -n 's/^[[:space:]]*"Hash": "\([0-9a-f]\{40\}\)",*$/\1/p' | head -n1)
+ETCD_COMMIT=$(first_match 's/^[[:space:]]*"Hash": "\([0-9a-f]\{40\}\)",*$/\1/' "$etcd_json")
 cat > go.mod <<EOF
 // Generated by hack/kube-binaries.sh for etcd $ETCD_VERSION; do not edit.
 module gpuslice.local/etcd-binary
@@ -262,16 +289,17 @@ ETCD_CMD=(go build -v -o "$STAGE/etcd" -ldflags "$ETCD_LDFLAGS" go.etcd.io/etcd/
   || fail_with_log "$BUILD_DIR/etcd-build.log" "etcd $ETCD_VERSION" "GOFLAGS='$GOFLAGS' CGO_ENABLED=0 ${ETCD_CMD[*]}"
 log "    etcd built in $(( SECONDS - t ))s"
 
-# --- verify, then publish atomically and stamp -----------------------------------------------------
-got=$("$STAGE/kube-apiserver" --version 2>&1) || die "kube-apiserver --version failed: $got"
-[ "$got" = "Kubernetes $KUBE_VERSION" ] || die "kube-apiserver reports '$got', expected 'Kubernetes $KUBE_VERSION'"
-"$STAGE/etcd" --version 2>&1 | grep -q "etcd Version: ${ETCD_VERSION#v}" \
-  || die "etcd --version does not report ${ETCD_VERSION#v}: $("$STAGE/etcd" --version 2>&1 | head -n1)"
-rm -rf "$BIN_DIR"
-mv "$STAGE" "$BIN_DIR"
+# --- verify, then publish and stamp ----------------------------------------------------------------
+why=$(verify_versions "$STAGE" "$KUBE_VERSION" "$ETCD_VERSION" 2>&1) || die "$why"  # hack/lib/kube-verify.sh
 ELAPSED=$(( SECONDS - START ))
-printf '%s\nbuilt %s with %s in %ds on %s cores\n' "$STAMP_KEY" "$BUILD_DATE" "$GO_VERSION" \
-  "$ELAPSED" "$(nproc 2>/dev/null || echo '?')" > "$STAMP"
+printf '%s\nbuilt %s with %s in %ds on %s cores\n' "$STAMP_KEY" "$BUILT_AT" "$GO_VERSION" \
+  "$ELAPSED" "$(nproc 2>/dev/null || echo '?')" > "$STAGE/.stamp"
+# bin/ is swapped by two renames (the old one, stamp and all, stays usable up to the first)
+rm -rf "$VERSION_DIR/bin.old"
+[ ! -e "$BIN_DIR" ] || mv "$BIN_DIR" "$VERSION_DIR/bin.old"
+mv "$STAGE" "$BIN_DIR"
+rm -rf "$VERSION_DIR/bin.old"
+trap - EXIT
 log "done in $(( ELAPSED / 60 ))m$(( ELAPSED % 60 ))s: $("$BIN_DIR/kube-apiserver" --version), etcd ${ETCD_VERSION#v}"
 [ "$PRUNE" = 0 ] || prune
 echo "$BIN_DIR"

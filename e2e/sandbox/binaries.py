@@ -12,7 +12,15 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = REPO_ROOT / "hack" / "kube-binaries.sh"
 VERSIONS_FILE = REPO_ROOT / "hack" / "kube" / "versions.env"
-NAMES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+# what hack/kube-binaries.sh builds (BINARIES there); the kubelet is for the real-node tier
+NAMES = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubectl",
+    "kubelet",
+)
 _VERSION_RE = re.compile(r"^Kubernetes (v1\.(\d+)\.\d+\S*)$")
 
 

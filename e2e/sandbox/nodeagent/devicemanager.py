@@ -119,6 +119,7 @@ class DeviceManager:
         self.endpoints: dict[str, ResourceEndpoint] = {}
         self._lock = threading.RLock()
         self._server: UnixGrpcServer | None = None
+        self._readers: list[threading.Thread] = []  # ListAndWatch readers; stop() joins them
         self.store: CheckpointStore[DeviceState] = CheckpointStore(
             config.device_checkpoint,
             kind="gpuslice-nodeagent-devices",
@@ -153,6 +154,9 @@ class DeviceManager:
                 if ep.stream is not None:
                     ep.stream.cancel()
                 ep.channel.close()
+            readers, self._readers = self._readers, []
+        for reader in readers:  # each ends with its cancelled stream, quietly (replaced)
+            reader.join(timeout=5)
 
     def register(self, request: dp_pb2.RegisterRequest) -> None:
         if request.version != VERSION:
@@ -188,12 +192,15 @@ class DeviceManager:
             endpoint=str(socket),
             node=self.config.name,
         )
-        threading.Thread(
+        reader = threading.Thread(
             target=self._list_and_watch,
             args=(ep,),
-            name=f"law-{request.resource_name}",
+            name=f"{self.config.name}-law-{request.resource_name}",
             daemon=True,
-        ).start()
+        )
+        with self._lock:
+            self._readers = [t for t in self._readers if t.is_alive()] + [reader]
+        reader.start()
 
     def _list_and_watch(self, ep: ResourceEndpoint) -> None:
         stream = ep.stub().ListAndWatch(dp_pb2.Empty())

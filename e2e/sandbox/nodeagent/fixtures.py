@@ -66,11 +66,15 @@ def start_node_agent(
     )
     agent = NodeAgent(cfg, kubeconfig).start()
     if wait_schedulable:
-        wait_for(
-            lambda: node_schedulable(agent.raw, name),
-            30,
-            f"node {name} to be Ready without the not-ready taint",
-        )
+        try:
+            wait_for(
+                lambda: node_schedulable(agent.raw, name),
+                30,
+                f"node {name} to be Ready without the not-ready taint",
+            )
+        except BaseException:
+            agent.stop()  # no caller gets it to stop: its threads would outlive the test
+            raise
     return agent
 
 

@@ -35,6 +35,7 @@ log = get_logger(__name__)
 DIAL_TIMEOUT = 10.0
 GET_INFO_TIMEOUT = 1.0
 NOTIFY_TIMEOUT = 5.0
+STOP_CHECK = 0.2  # how often a dial looks whether the watcher is being stopped
 
 
 class RegistrationError(Exception):
@@ -114,9 +115,13 @@ class PluginWatcher:
         self._thread.start()
 
     def stop(self) -> None:
+        """Returns once the watcher thread has ended (a dial in progress is given up), so that
+        nothing it does, logging included, happens after the caller moved on."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=15)
+            self._thread.join(timeout=GET_INFO_TIMEOUT + NOTIFY_TIMEOUT + 10)
+            if self._thread.is_alive():
+                log.warning("plugin watcher did not stop", node=self.node)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -176,7 +181,7 @@ class PluginWatcher:
         channel = grpc.insecure_channel(f"unix://{path}")
         try:
             try:
-                grpc.channel_ready_future(channel).result(timeout=DIAL_TIMEOUT)
+                self._dial(channel)
                 stub = reg_grpc.RegistrationStub(channel)
                 info = stub.GetInfo(reg_pb2.InfoRequest(), timeout=GET_INFO_TIMEOUT)
             except (grpc.RpcError, grpc.FutureTimeoutError) as exc:
@@ -224,6 +229,22 @@ class PluginWatcher:
             return True
         finally:
             channel.close()
+
+    def _dial(self, channel: grpc.Channel) -> None:
+        """Wait up to DIAL_TIMEOUT for the connection, but give up as soon as stop() is called:
+        a dial to a dead socket must not keep the thread running after stop() returned."""
+        ready = grpc.channel_ready_future(channel)
+        deadline = time.monotonic() + DIAL_TIMEOUT
+        try:
+            while True:
+                try:
+                    ready.result(timeout=max(0.0, min(STOP_CHECK, deadline - time.monotonic())))
+                    return
+                except grpc.FutureTimeoutError:
+                    if self._stop.is_set() or time.monotonic() >= deadline:
+                        raise
+        finally:
+            ready.cancel()
 
     def _notify(self, stub: reg_grpc.RegistrationStub, path: Path, ok: bool, error: str) -> bool:
         if not ok:

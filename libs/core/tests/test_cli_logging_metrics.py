@@ -3,8 +3,10 @@ from __future__ import annotations
 import io
 import json
 import logging
+import sys
 import threading
 import urllib.request
+from collections.abc import Iterator
 
 import pytest
 import structlog
@@ -13,6 +15,13 @@ from prometheus_client import CollectorRegistry
 from gpuslice_core import logging as gs_logging
 from gpuslice_core.cli import EnvArgumentParser
 from gpuslice_core.metrics import OperationMetrics, parse_addr, serve
+from gpuslice_core.testing import preserved_logging
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    with preserved_logging():
+        yield
 
 
 def test_flag_reads_env_and_command_line_wins(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -41,6 +50,7 @@ def test_help_names_every_env_var() -> None:
     assert "[env STATE_DIR]" in text and "[env DYNAMIC_MIG]" in text
 
 
+@pytest.mark.usefixtures("restore_logging")
 def test_logs_are_one_json_shape_for_ours_and_stdlib() -> None:
     out = io.StringIO()
     gs_logging.configure(component="test", stream=out)
@@ -58,6 +68,28 @@ def test_logs_are_one_json_shape_for_ours_and_stdlib() -> None:
     assert {"timestamp", "level", "logger"} <= lines[1].keys()
     assert lines[1]["component"] == "test", "foreign lines carry the component too"
     assert lines[2]["component"] == "test", "threads without our context carry it too"
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_logs_go_to_the_stdout_of_the_moment_not_a_closed_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Run under pytest, a service's main configures logging onto a test's captured stdout,
+    which pytest closes after that test. Later lines, from any thread, must still be written,
+    not end in "--- Logging error --- ValueError: I/O operation on closed file"."""
+    errors = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", errors)  # where logging reports a failed write
+    captured = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", captured)
+    gs_logging.configure(component="test")
+    captured.close()
+    later = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", later)
+    worker = threading.Thread(target=lambda: gs_logging.get_logger("w").info("deregistering"))
+    worker.start()
+    worker.join()
+    assert json.loads(later.getvalue())["event"] == "deregistering"
+    assert errors.getvalue() == ""
 
 
 def test_bad_log_level_names_the_choices() -> None:

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from gpuslice_core.testing import preserved_logging
 from gpuslice_mig_manager.cli import build_parser, main
 
 pytestmark = pytest.mark.timeout(20)
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """``main`` configures logging for the process, onto this test's captured stdout."""
+    with preserved_logging():
+        yield
+
 
 FLAGS = {
     "--node-name": "NODE_NAME",

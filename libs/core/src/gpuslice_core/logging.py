@@ -26,13 +26,32 @@ _SHARED: list[Processor] = [
 ]
 
 
+class _StdoutHandler(logging.StreamHandler[TextIO]):
+    """Writes to the ``sys.stdout`` of the moment, as ``logging.lastResort`` does for stderr.
+
+    A handler that kept the stdout of configure() time would outlive it wherever stdout is
+    swapped and closed later: a test that runs a service's ``main`` under pytest's capture left
+    every later log line, from any thread, failing with "I/O operation on closed file".
+    """
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stdout
+
+    @stream.setter
+    def stream(self, _stream: TextIO) -> None:
+        """Ignored (StreamHandler's constructor sets it): the stream is always sys.stdout."""
+
+
 def configure(
     *, component: str, level: str = "info", json: bool = True, stream: TextIO | None = None
 ) -> None:
-    """Route all logging to ``stream`` (stdout) as JSON lines tagged with ``component``.
+    """Route all logging to ``stream`` (default: whatever ``sys.stdout`` is when a line is
+    written) as JSON lines tagged with ``component``.
 
     ``json=False`` renders colourless key=value lines for a developer's terminal. Safe to call
-    more than once (tests do); the last call wins.
+    more than once (tests do); the last call wins. Whoever passes a ``stream`` must stop the
+    threads that log before closing it.
     """
     if level not in LEVELS:
         raise ValueError(f"log level {level!r} is not one of: {', '.join(LEVELS)}")
@@ -60,7 +79,7 @@ def configure(
     )
     structlog.contextvars.clear_contextvars()
 
-    handler = logging.StreamHandler(stream or sys.stdout)
+    handler = logging.StreamHandler(stream) if stream is not None else _StdoutHandler()
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=[add_component, *_SHARED],

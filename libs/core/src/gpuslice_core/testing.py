@@ -3,20 +3,40 @@
 ``ServiceProcess`` runs a gpuslice service as a real process (its log kept in a file and shown
 when it fails to come up), waits until it is ready, and stops it gracefully (SIGTERM) or as a
 crash would (SIGKILL). ``wait_for`` polls a condition with a deadline instead of sleeping and
-hoping.
+hoping. ``preserved_logging`` undoes what a service's ``main`` run in-process did to logging.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Self, TypeVar
 
+import structlog
+
 T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def preserved_logging() -> Iterator[None]:
+    """Put the process's logging set-up (root handlers and level, structlog's configuration)
+    back afterwards. A service's ``main`` configures logging for the whole process; run from a
+    test, it would route every later test's log lines, from every thread, its way."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    config = structlog.get_config()
+    try:
+        yield
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        structlog.configure(**config)
 
 
 class WaitTimeoutError(AssertionError):
