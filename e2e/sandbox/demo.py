@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import re
 import shutil
 import subprocess
 import sys
@@ -33,7 +34,7 @@ from e2e.sandbox.gpunode import (
     apply_device_classes,
     claim_template,
     gpu_pod,
-    pod_env,
+    pod_devices,
     start_gpu_node,
     stop_gpu_node,
 )
@@ -73,6 +74,8 @@ WORKLOADS: list[Workload] = [
     ),
 ]
 TOO_BIG = ("infer-40", "b", "gpu.gpuslice.dev", "40", "4Gi", None)
+# NVIDIA's MIG profile names lead with the compute slices: 3g.40gb has 3, 1c.3g.40gb has 1
+PROFILE_SLICES = re.compile(r"^(?:(\d+)c\.)?(\d+)g\.")
 
 
 def say(text: str = "") -> None:
@@ -97,12 +100,26 @@ def human_bytes(value: int) -> str:
     return f"{value / GIB:.1f} GiB"
 
 
+def attributes(device: Obj) -> dict[str, object]:
+    return {k: next(iter(v.values())) for k, v in (device.get("attributes") or {}).items()}
+
+
+def share(device: Obj | None, cores: str) -> str:
+    """What a pod got of its device: ``cores  30%`` of a GPU. A MIG device has no cores to
+    share (the slice table shows ``-`` for them); it has compute slices, read off its profile."""
+    attrs = attributes(device) if device is not None else {}
+    if attrs.get("type") != "mig":
+        return f"cores {cores:>3}%"
+    m = PROFILE_SLICES.match(str(attrs.get("profile", "")))
+    return f"compute slices {m.group(1) or m.group(2)}" if m else "cores   -"
+
+
 def slice_table(kube: RawApi, nodes: Sequence[GpuNode]) -> None:
     say(f"    {'NODE':<16} {'DEVICE':<24} {'TYPE':<4} {'MODEL':<22} {'CORES':>5} {'MEMORY':>10}")
     for node in nodes:
         slices = node.slices(kube)
         for device in sorted(node.devices(kube).values(), key=lambda d: d["name"]):
-            attrs = {k: next(iter(v.values())) for k, v in (device.get("attributes") or {}).items()}
+            attrs = attributes(device)
             capacity = device.get("capacity") or {}
             cores = (capacity.get("cores") or {}).get("value", "-")
             memory = (capacity.get("memory") or {}).get("value")
@@ -136,13 +153,14 @@ def create_workload(kube: RawApi, nodes: dict[str, GpuNode], spec: Workload) -> 
 def report_pod(kube: RawApi, node: GpuNode, pod: Obj) -> None:
     name = pod["metadata"]["name"]
     running = wait_pod_phase(kube, NAMESPACE, name, "Running", timeout=60)
-    env = pod_env(node, running)
-    cores = env.get("GPUSLICE_CORES", "?")
-    memory = env.get("GPUSLICE_MEMORY", "0").split(",")[0]
+    devices = pod_devices(node, running)  # one set of GPUSLICE_<DEVICE>_* variables each
+    first = devices[0] if devices else {}
+    shown = ",".join(d.get("DEVICE", "?") for d in devices) or "?"
+    got = share(node.devices(kube).get(first.get("DEVICE", "")), first.get("CORES", "?"))
+    memory = first.get("MEMORY", "0")
     say(
-        f"    {name:<14} Running on {node.name:<12} {env.get('GPUSLICE_DEVICES', '?'):<22} "
-        f"cores {cores:>3}%  memory {human_bytes(int(memory or 0)):>9}  "
-        f"CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES', '?')[:22]}…"
+        f"    {name:<14} Running on {node.name:<12} {shown:<22} {got:<16}  "
+        f"memory {human_bytes(int(memory or 0)):>9}  {first.get('UUID', '?')[:26]}…"
     )
 
 

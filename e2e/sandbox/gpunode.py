@@ -24,9 +24,10 @@ import yaml
 
 from e2e.sandbox.controlplane import ControlPlane
 from e2e.sandbox.nodeagent import NodeAgent
-from e2e.sandbox.nodeagent.testing import unique, wait_for
+from e2e.sandbox.nodeagent.testing import unique, wait_for, wait_pod_phase
 from gpuslice_kube.errors import KubeAlreadyExistsError, KubeForbiddenError, KubeNotFoundError
 from gpuslice_kube.raw import Obj, RawApi, resource_path
+from gpuslice_kubelet_plugin.cdispecs import device_env
 from gpuslice_kubelet_plugin.testing.harness import write_node
 from gpuslice_kubelet_plugin.testing.process import PluginProcess
 from gpuslice_nvml import open_nvml
@@ -294,6 +295,41 @@ def claim_template(
     }
 
 
+def claim_request(
+    name: str, device_class: str, selector: str | None = None, **capacity: str
+) -> Obj:
+    """One ``exactly`` request of a claim spec (``capacity``: cores, memory to ask for)."""
+    exactly: Obj = {"deviceClassName": device_class}
+    if selector:
+        exactly["selectors"] = [{"cel": {"expression": selector}}]
+    if capacity:
+        exactly["capacity"] = {"requests": capacity}
+    return {"name": name, "exactly": exactly}
+
+
+def on_gpu(index: int) -> str:
+    return f'device.attributes["{DRIVER}"].index == {index}'
+
+
+def mig_profile(name: str) -> str:
+    return f'device.attributes["{DRIVER}"].profile == "{name}"'
+
+
+def create_multi_request_template(
+    kube: RawApi, namespace: str, name: str, requests: list[Obj], **devices: object
+) -> None:
+    """A ResourceClaimTemplate with these requests (``devices``: constraints, config)."""
+    kube.create(
+        resource_path(RESOURCE, "resourceclaimtemplates", namespace=namespace),
+        {
+            "apiVersion": RESOURCE,
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"spec": {"devices": {"requests": requests, **devices}}},
+        },
+    )
+
+
 ENV_SCRIPT = "env | grep -E '^(CUDA_VISIBLE_DEVICES|GPUSLICE_)' | sort; echo READY; sleep 300"
 
 
@@ -328,17 +364,64 @@ def gpu_pod(
     }
 
 
-def pod_env(node: GpuNode, pod: Obj, timeout: float = 15) -> dict[str, str]:
+def multi_container_pod(
+    namespace: str, name: str, node: str, containers: dict[str, list[Obj]]
+) -> Obj:
+    """A pod whose claims come from the templates its containers name (pod claim name =
+    template name); ``containers``: name → that container's ``resources.claims`` entries.
+    Every container prints its environment like ``gpu_pod``'s."""
+    templates = sorted({ref["name"] for refs in containers.values() for ref in refs})
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "terminationGracePeriodSeconds": 2,
+            "resourceClaims": [{"name": t, "resourceClaimTemplateName": t} for t in templates],
+            "containers": [
+                {
+                    "name": c,
+                    "image": "busybox",
+                    "command": ["sh", "-c", ENV_SCRIPT],
+                    "resources": {"claims": refs},
+                }
+                for c, refs in containers.items()
+            ],
+        },
+    }
+
+
+def run_pod(
+    kube: RawApi, node: GpuNode, namespace: str, name: str, containers: dict[str, list[Obj]]
+) -> Obj:
+    """Create ``multi_container_pod`` on ``node`` and wait until it runs."""
+    pod = multi_container_pod(namespace, name, node.name, containers)
+    kube.create(resource_path("v1", "pods", namespace=namespace), pod)
+    return wait_pod_phase(kube, namespace, name, "Running", timeout=60)
+
+
+def pod_env(
+    node: GpuNode, pod: Obj, timeout: float = 15, container: str = "main"
+) -> dict[str, str]:
     """The CUDA/gpuslice environment the container printed (from its log)."""
     assert node.agent is not None
     agent = node.agent
 
     def log() -> str | None:
-        text = agent.pod_log(pod["metadata"]["uid"], "main")
+        text = agent.pod_log(pod["metadata"]["uid"], container)
         return text if "READY" in text else None
 
-    text = wait_for(log, timeout, f"the log of pod {pod['metadata']['name']}")
+    text = wait_for(log, timeout, f"the log of {container} in pod {pod['metadata']['name']}")
     return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+def pod_devices(
+    node: GpuNode, pod: Obj, timeout: float = 15, container: str = "main"
+) -> list[dict[str, str]]:
+    """The gpuslice devices a container got, as its environment states them: one
+    ``{field: value}`` per device (UUID, CLAIM, REQUEST, CORES, MEMORY, ENFORCEMENT, ...)."""
+    return list(device_env(pod_env(node, pod, timeout, container)).values())
 
 
 def allocated_devices(kube: RawApi, namespace: str, pod: Obj) -> list[str]:

@@ -21,6 +21,7 @@ from e2e.sandbox.gpunode import (
     claim_template,
     create_claim,
     gpu_pod,
+    pod_devices,
     pod_env,
     start_gpu_node,
     stop_gpu_node,
@@ -88,14 +89,13 @@ def test_exclusive_gpu_pod(node: GpuNode, kube: RawApi, namespace: str) -> None:
     pod = wait_pod_phase(kube, namespace, "p", "Running", timeout=30)
     [device] = allocated_devices(kube, namespace, pod)
     assert re.fullmatch(r"gpu-[0-6]", device), device
-    env = pod_env(node, pod)
     index = int(device.split("-")[1])
-    assert env["CUDA_VISIBLE_DEVICES"] == node.gpu_uuid(index)
-    assert env["GPUSLICE_CORES"] == "100"
-    assert env["GPUSLICE_MEMORY"] == str(H100_MEMORY)
-    assert env["GPUSLICE_ENFORCEMENT"] == "exclusive"
-    assert env["GPUSLICE_CLAIM"].startswith(f"{namespace}/p-gpu")
-    uid = env["GPUSLICE_CLAIM_UID"]
+    [got] = pod_devices(node, pod)
+    assert got["UUID"] == node.gpu_uuid(index)
+    assert (got["CORES"], got["MEMORY"]) == ("100", str(H100_MEMORY))
+    assert got["ENFORCEMENT"] == "exclusive"
+    assert got["CLAIM"].startswith(f"{namespace}/p-gpu")
+    uid = got["CLAIM_UID"]
     assert node.checkpoint_claims()[uid]["state"] == "PrepareCompleted"
 
     delete_pod(kube, namespace, "p")
@@ -123,11 +123,11 @@ def test_two_shares_on_one_gpu_and_a_third_that_does_not_fit(
     pa = wait_pod_phase(kube, namespace, "pa", "Running", timeout=30)
     pb = wait_pod_phase(kube, namespace, "pb", "Running", timeout=30)
     uuid5 = node.gpu_uuid(5)
-    env_a, env_b = pod_env(node, pa), pod_env(node, pb)
-    assert env_a["CUDA_VISIBLE_DEVICES"] == env_b["CUDA_VISIBLE_DEVICES"] == uuid5
-    assert (env_a["GPUSLICE_CORES"], env_a["GPUSLICE_MEMORY"]) == ("30", str(20 * GIB))
-    assert (env_b["GPUSLICE_CORES"], env_b["GPUSLICE_MEMORY"]) == ("50", str(40 * GIB))
-    assert env_a["GPUSLICE_ENFORCEMENT"] == "none"  # no enforcer in this sandbox: accounting
+    [got_a], [got_b] = pod_devices(node, pa), pod_devices(node, pb)
+    assert got_a["UUID"] == got_b["UUID"] == uuid5
+    assert (got_a["CORES"], got_a["MEMORY"]) == ("30", str(20 * GIB))
+    assert (got_b["CORES"], got_b["MEMORY"]) == ("50", str(40 * GIB))
+    assert got_a["ENFORCEMENT"] == "none"  # no enforcer in this sandbox: accounting
 
     create(kube, namespace, "pods", gpu_pod(namespace, "pc", node.name, template="c"))
 
@@ -144,8 +144,8 @@ def test_two_shares_on_one_gpu_and_a_third_that_does_not_fit(
 
     delete_pod(kube, namespace, "pa")  # 30 cores and 20Gi free again: the third one fits
     pc = wait_pod_phase(kube, namespace, "pc", "Running", timeout=40)
-    env_c = pod_env(node, pc)
-    assert (env_c["GPUSLICE_CORES"], env_c["GPUSLICE_MEMORY"]) == ("30", str(30 * GIB))
+    [got_c] = pod_devices(node, pc)
+    assert (got_c["CORES"], got_c["MEMORY"]) == ("30", str(30 * GIB))
 
 
 def test_mig_device_pod(node: GpuNode, kube: RawApi, namespace: str) -> None:
@@ -165,9 +165,8 @@ def test_mig_device_pod(node: GpuNode, kube: RawApi, namespace: str) -> None:
     pod = wait_pod_phase(kube, namespace, "m", "Running", timeout=30)
     assert allocated_devices(kube, namespace, pod) == ["gpu-7-mig-3g-40gb-4"]
     env = pod_env(node, pod)
-    assert env["CUDA_VISIBLE_DEVICES"].startswith("MIG-")
-    assert env["GPUSLICE_ENFORCEMENT"] == "mig"
-    assert env["GPUSLICE_DEVICES"] == "gpu-7-mig-3g-40gb-4"
+    assert env["GPUSLICE_GPU_7_MIG_3G_40GB_4_UUID"].startswith("MIG-")
+    assert env["GPUSLICE_GPU_7_MIG_3G_40GB_4_ENFORCEMENT"] == "mig"
 
 
 def test_a_claim_shared_by_two_pods_is_prepared_once(
@@ -179,7 +178,7 @@ def test_a_claim_shared_by_two_pods_is_prepared_once(
     create(kube, namespace, "pods", gpu_pod(namespace, "s2", node.name, claim="shared"))
     s1 = wait_pod_phase(kube, namespace, "s1", "Running", timeout=30)
     s2 = wait_pod_phase(kube, namespace, "s2", "Running", timeout=30)
-    assert pod_env(node, s1)["CUDA_VISIBLE_DEVICES"] == pod_env(node, s2)["CUDA_VISIBLE_DEVICES"]
+    assert pod_devices(node, s1) == pod_devices(node, s2)
     specs = list(node.plugin.cdi_root.glob(f"*{uid}*"))
     assert len(specs) == 1
     before = specs[0].stat().st_mtime_ns
@@ -207,6 +206,6 @@ def test_a_legacy_nvidia_gpu_limit_gets_a_whole_gpu(
     pod = wait_pod_phase(kube, namespace, "legacy", "Running", timeout=30)
     extended = pod["status"]["extendedResourceClaimStatus"]
     assert extended["requestMappings"][0]["resourceName"] == "nvidia.com/gpu"
-    env = pod_env(node, pod)
-    assert env["CUDA_VISIBLE_DEVICES"].startswith("GPU-")
-    assert env["GPUSLICE_CORES"] == "100"
+    [got] = pod_devices(node, pod)
+    assert got["UUID"].startswith("GPU-")
+    assert got["CORES"] == "100"

@@ -20,7 +20,7 @@ from e2e.sandbox.gpunode import (
     allocated_devices,
     claim_template,
     gpu_pod,
-    pod_env,
+    pod_devices,
     start_gpu_node,
     stop_gpu_node,
 )
@@ -115,8 +115,8 @@ def test_placements_are_allocated_through_counters_and_created_at_prepare(
     assert allocated_devices(kube, namespace, pods["half"]) == ["gpu-0-mig-3g-40gb-4"]
     instances = {m.profile: m for m in mig.nvml.mig_devices(0)}
     assert sorted(instances) == ["3g.40gb", "4g.40gb"]
-    env = pod_env(mig.node, pods["half"])
-    assert env["CUDA_VISIBLE_DEVICES"] == instances["3g.40gb"].uuid
+    [got] = pod_devices(mig.node, pods["half"])
+    assert got["UUID"] == instances["3g.40gb"].uuid
 
     # 4 + 3 compute slices: a 1g instance no longer fits on GPU 0
     kube.create(

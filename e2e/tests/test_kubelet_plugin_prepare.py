@@ -13,6 +13,7 @@ from e2e.sandbox.gpunode import delete_claim
 from e2e.tests.test_kubelet_plugin_support import ClaimMaker
 from gpuslice_core.cdi import load_spec
 from gpuslice_kube.raw import Obj, RawApi, resource_path
+from gpuslice_kubelet_plugin.cdispecs import device_env
 from gpuslice_kubelet_plugin.testing.dra import DraClient, gpu_config, ref, result
 from gpuslice_kubelet_plugin.testing.harness import Harness, Node, Running
 
@@ -23,13 +24,16 @@ GIB = 1024**3
 SHARE_ID = "0b5e7c1a-2f4d-4e8b-9a6c-3d2f1e0a9b8c"  # the API server wants shareIDs as UUIDs
 
 
-def spec_env(plugin: Running, claim: Obj) -> dict[str, str]:
+def spec_devices(plugin: Running, claim: Obj) -> dict[str, dict[str, str]]:
+    """The per-device variables of the claim's spec (key → field → value); the spec has no
+    edits of its own, since a runtime would apply them to every container of every request."""
     specs = plugin.driver.state.cdi.specs
     spec = load_spec(specs.spec_path(claim["metadata"]["uid"]))
-    entries = list(spec.container_edits.env)
-    for device in spec.devices:
-        entries += device.container_edits.env
-    return dict(e.partition("=")[::2] for e in entries)
+    assert spec.container_edits.is_empty()
+    entries = [e for device in spec.devices for e in device.container_edits.env]
+    env = dict(e.partition("=")[::2] for e in entries)
+    assert "CUDA_VISIBLE_DEVICES" not in env
+    return device_env(env)
 
 
 class RecordingRawApi(RawApi):
@@ -59,15 +63,19 @@ def test_exclusive_gpu_gets_a_cdi_spec_naming_the_gpu(
             "cdi_device_ids": [f"k8s.gpu.gpuslice.dev/claim={uid}-gpu-0"],
         }
     ]
-    env = spec_env(plugin, claim)
     gpu0 = fake_node.nvml.gpu(0)
-    assert env["CUDA_VISIBLE_DEVICES"] == gpu0.uuid
-    assert env["GPUSLICE_CLAIM"] == f"{namespace}/c1"
-    assert env["GPUSLICE_CLAIM_UID"] == uid
-    assert env["GPUSLICE_CORES"] == "100"
-    assert env["GPUSLICE_MEMORY"] == str(gpu0.memory_total_bytes)
-    assert env["GPUSLICE_ENFORCEMENT"] == "exclusive"
-    assert env["GPUSLICE_GPU_0_UUID"] == gpu0.uuid
+    assert spec_devices(plugin, claim) == {
+        "GPU_0": {
+            "UUID": gpu0.uuid,
+            "DEVICE": "gpu-0",
+            "CLAIM": f"{namespace}/c1",
+            "CLAIM_UID": uid,
+            "REQUEST": "gpu",
+            "CORES": "100",
+            "MEMORY": str(gpu0.memory_total_bytes),
+            "ENFORCEMENT": "exclusive",
+        }
+    }
     record = plugin.driver.state.committer.read().claims[uid]
     assert record.state == "PrepareCompleted"
 
@@ -86,10 +94,10 @@ def test_share_takes_its_limits_from_consumed_capacity(
     assert answer.devices[0]["cdi_device_ids"] == [
         f"k8s.gpu.gpuslice.dev/claim={uid}-gpu-1-{SHARE_ID}"
     ]
-    env = spec_env(plugin, claim)
-    assert env["GPUSLICE_CORES"] == "30"
-    assert env["GPUSLICE_MEMORY"] == str(20 * GIB)
-    assert env["GPUSLICE_ENFORCEMENT"] == "none"  # no enforcer: accounting only
+    # a shared device's variables carry the share ID: two shares of one GPU never collide
+    device = spec_devices(plugin, claim)["GPU_1_" + SHARE_ID.upper().replace("-", "_")]
+    assert (device["CORES"], device["MEMORY"]) == ("30", str(20 * GIB))
+    assert device["ENFORCEMENT"] == "none"  # no enforcer: accounting only
 
 
 def test_one_bad_claim_never_fails_the_others(
@@ -220,7 +228,7 @@ def test_admin_access_is_exempt_from_the_overlap_check(
     assert admin["status"]["allocation"]["devices"]["results"][0]["adminAccess"] is True
     answers = plugin.client.prepare([ref(a), ref(admin)])
     assert [x.error for x in answers.values()] == ["", ""]
-    assert spec_env(plugin, admin)["GPUSLICE_ADMIN_ACCESS"] == "true"
+    assert spec_devices(plugin, admin)["GPU_0"]["ADMIN_ACCESS"] == "true"
 
 
 def test_static_mig_device(
@@ -230,10 +238,10 @@ def test_static_mig_device(
     answer = plugin.client.prepare([ref(claim)])[claim["metadata"]["uid"]]
     assert answer.error == ""
     mig = next(m for m in fake_node.nvml.mig_devices(2) if m.profile == "3g.40gb")
-    env = spec_env(plugin, claim)
-    assert env["CUDA_VISIBLE_DEVICES"] == mig.uuid
-    assert env["GPUSLICE_ENFORCEMENT"] == "mig"
-    assert env["GPUSLICE_MEMORY"] == str(mig.memory_bytes)
+    device = spec_devices(plugin, claim)["GPU_2_MIG_3G_40GB_4"]
+    assert device["UUID"] == mig.uuid
+    assert device["ENFORCEMENT"] == "mig"
+    assert device["MEMORY"] == str(mig.memory_bytes)
 
 
 def test_v1beta1_answers_without_share_ids(
@@ -260,9 +268,8 @@ def test_config_limits_apply_without_consumable_capacity(
         "cfg", results=[result("gpu-0", pool=node_name)], config=[claim_config, class_config]
     )
     assert plugin.client.prepare([ref(claim)])[claim["metadata"]["uid"]].error == ""
-    env = spec_env(plugin, claim)  # the claim's config wins over the class's
-    assert env["GPUSLICE_CORES"] == "25"
-    assert env["GPUSLICE_MEMORY"] == str(16 * GIB)
+    device = spec_devices(plugin, claim)["GPU_0"]  # the claim's config wins over the class's
+    assert (device["CORES"], device["MEMORY"]) == ("25", str(16 * GIB))
 
     too_big = claims(
         "big",

@@ -13,6 +13,7 @@ from e2e.sandbox.gpunode import create_gated_pod, delete_node_slices
 from e2e.tests.test_kubelet_plugin_support import ClaimMaker
 from gpuslice_core.cdi import load_spec
 from gpuslice_kube.raw import RawApi, resource_path
+from gpuslice_kubelet_plugin.cdispecs import device_env
 from gpuslice_kubelet_plugin.testing.dra import gpu_config, ref, result
 from gpuslice_kubelet_plugin.testing.harness import Harness, Node, Running, write_node
 from gpuslice_kubelet_plugin.testing.standins import StandinEnforcer, StandinMigManager
@@ -64,11 +65,26 @@ def test_a_share_is_enforced_through_the_enforcer(
         assert request.mode == epb.ENFORCEMENT_MODE_SOFT and request.work_conserving
         assert [(p.name, p.uid) for p in request.pods] == [("p1", pod_uid)]
         spec = load_spec(plugin.state.cdi.specs.spec_path(uid))
-        env = dict(e.split("=", 1) for e in spec.container_edits.env)
-        assert env["GPUSLICE_ENFORCEMENT"] == "hard"
-        assert env["GPUSLICE_SHARE_ID"] == share_id
+        assert spec.container_edits.is_empty()  # the enforcer's edits are the device's
+        [device] = spec.devices
+        env = dict(e.split("=", 1) for e in device.container_edits.env)
+        [(key, fields)] = device_env(env).items()
+        assert key.startswith("GPU_0_")  # + the allocation's share ID
+        assert fields == {
+            "UUID": fake_node.nvml.gpu(0).uuid,
+            "DEVICE": "gpu-0",
+            "CLAIM": f"{namespace}/share",
+            "CLAIM_UID": uid,
+            "REQUEST": "gpu",
+            "CORES": "30",
+            "MEMORY": str(20 * 1024**3),
+            "ENFORCEMENT": "hard",
+            "SHARE_ID": share_id,
+            "MEMORY_MECHANISM": "mps-protocol3",
+            "CORES_MECHANISM": "mps-protocol3",
+        }
         assert env["CUDA_MPS_PIPE_DIRECTORY"] == f"/run/gpuslice/mps/{share_id}"
-        assert [m.container_path for m in spec.container_edits.mounts] == [
+        assert [m.container_path for m in device.container_edits.mounts] == [
             f"/run/gpuslice/mps/{share_id}"
         ]
 
@@ -141,11 +157,9 @@ def test_dynamic_mig_creates_the_instance_at_prepare_and_destroys_it_at_unprepar
     assert answer.error == ""
     [instance] = nvml.mig_devices(1)
     assert instance.profile == "3g.40gb" and instance.placement.start == 4
-    env = dict(
-        e.split("=", 1)
-        for e in load_spec(plugin.state.cdi.specs.spec_path(uid)).container_edits.env
-    )
-    assert env["CUDA_VISIBLE_DEVICES"] == instance.uuid
+    [device] = load_spec(plugin.state.cdi.specs.spec_path(uid)).devices
+    env = dict(e.split("=", 1) for e in device.container_edits.env)
+    assert env["GPUSLICE_GPU_1_MIG_3G_40GB_4_UUID"] == instance.uuid
     assert mig.owners == {
         (nvml.gpu(1).uuid, instance.gpu_instance_id): f"gpuslice-kubelet-plugin/{uid}"
     }

@@ -17,7 +17,7 @@ from e2e.sandbox.gpunode import (
     allocated_devices,
     claim_template,
     gpu_pod,
-    pod_env,
+    pod_devices,
 )
 from e2e.sandbox.nodeagent.testing import (
     condition,
@@ -142,19 +142,15 @@ def test_shares_are_enforced_by_the_real_enforcer(
     assert set(shares) == set(uids.values())
     for name, percent in (("s30", 30), ("s50", 50)):
         assert allocated_devices(kube, namespace, pods[name]) == ["gpu-0"]
-        env = pod_env(node, pods[name])
+        [got] = pod_devices(node, pods[name])
         share = shares[uids[name]]
-        # the plugin's limits ...
-        assert env["GPUSLICE_CORES"] == str(percent)
-        assert env["GPUSLICE_MEMORY"] == str(8 * GIB)
-        # ... and what the enforcer granted (its container edits, merged into the claim's spec)
-        assert env["GPUSLICE_CLAIM_UID"] == uids[name]
-        assert env["GPUSLICE_SHARE_ID"] == share.share_id
-        assert env["GPUSLICE_CORES_PERCENT"] == str(percent)
-        assert env["GPUSLICE_MEMORY_LIMIT_BYTES"] == str(8 * GIB)
-        assert env["GPUSLICE_ENFORCEMENT"] == "soft"
-        assert env["GPUSLICE_MEMORY_MECHANISM"] == "memory-partition"
-        assert env["GPUSLICE_CORES_MECHANISM"] == "watchdog"
+        # the plugin's limits and what the enforcer granted, in the device's own variables
+        assert (got["CORES"], got["MEMORY"]) == (str(percent), str(8 * GIB))
+        assert got["CLAIM_UID"] == uids[name]
+        assert got["SHARE_ID"] == share.share_id
+        assert got["ENFORCEMENT"] == "soft"
+        assert got["MEMORY_MECHANISM"] == "memory-partition"
+        assert got["CORES_MECHANISM"] == "watchdog"
         assert [d.memory_limit_bytes for d in share.devices] == [8 * GIB]
         # the createContainer hook attached the container: its own cgroup v2 directory holds
         # the memory partition
@@ -279,7 +275,7 @@ def test_dynamic_mig_instances_come_from_the_real_mig_manager(
         instance = instances[profile]
         assert instance.placement.start == start, (device, instance)
         assert instance.owner.endswith(claim_uid(kube, namespace, pods[name]))
-        assert pod_env(node, pods[name])["CUDA_VISIBLE_DEVICES"] == instance.mig_uuid
+        assert [d["UUID"] for d in pod_devices(node, pods[name])] == [instance.mig_uuid]
 
     # 3 + 2 compute slices and the memory slices they hold: a second 3g.20gb cannot fit
     create(kube, namespace, "pods", gpu_pod(namespace, "over", node.name, template="over"))

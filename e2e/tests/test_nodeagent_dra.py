@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 from collections.abc import Callable, Iterator
 from functools import partial
 
@@ -335,6 +336,24 @@ def test_agent_restart_does_not_prepare_running_pods_again(
     delete_pod(kube, namespace, "p")
     wait_pod_gone(kube, namespace, "p")
     assert len(standin.calls.unprepare) == 1
+
+
+def test_a_stopped_agent_leaves_no_thread_that_could_still_log(
+    kube: RawApi, node_agents: NodeFactory
+) -> None:
+    """When stop() returns, none of the agent's threads runs any more, so none can log into a
+    stream its owner closes next (the demo's log file, a test's captured output)."""
+    before = set(threading.enumerate())
+    agent = node_agents()
+    plugin = StandinDraPlugin.for_agent(agent, kube).start()
+    try:
+        wait_for(lambda: DRIVER in agent.registered_drivers(), 10, "registration")
+    finally:
+        plugin.stop()  # its socket goes: the plugin watcher deregisters it, and says so
+    agent.stop()
+    prefixes = (f"{agent.name}-", "pod-", "reflector/")
+    left = [t.name for t in set(threading.enumerate()) - before if t.name.startswith(prefixes)]
+    assert left == []
 
 
 def test_node_slices_are_wiped_at_start_and_after_the_driver_goes_away(

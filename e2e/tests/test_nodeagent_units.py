@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import tempfile
 import threading
 import time
@@ -42,7 +43,7 @@ from e2e.sandbox.nodeagent.podresources import (
     container_devices_pb,
 )
 from e2e.sandbox.nodeagent.podstatus import ContainerView, phase
-from e2e.sandbox.nodeagent.registration import PluginWatcher
+from e2e.sandbox.nodeagent.registration import DIAL_TIMEOUT, PluginWatcher
 from e2e.sandbox.nodeagent.runtime import (
     ContainerConfig,
     CreateContainerError,
@@ -168,6 +169,26 @@ def test_socket_removal_deregisters_and_recreation_registers_again(root: Path) -
         assert plugin.calls.get_info == 2
     finally:
         plugin.stop()
+
+
+def test_stop_gives_up_a_dial_to_a_plugin_that_never_answers(root: Path) -> None:
+    """The dial waits up to 10 s for a hung plugin; stop() must not return before the thread is
+    gone, nor wait that long: a watcher thread that outlives stop() logs into a closed stream."""
+    registry = root / "plugins_registry"
+    registry.mkdir()
+    w = watcher(root, Recorder())
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as hung:
+        hung.bind(str(registry / "hung-reg.sock"))
+        hung.listen()
+        hung.settimeout(10)
+        w.start()
+        conn, _ = hung.accept()  # the watcher is dialling; nothing will ever answer it
+        with conn:
+            started = time.monotonic()
+            w.stop()
+            stopped_in = time.monotonic() - started
+    assert [t.name for t in threading.enumerate() if t.name == "unit-plugin-watcher"] == []
+    assert stopped_in < DIAL_TIMEOUT / 2
 
 
 @pytest.mark.parametrize(
@@ -373,6 +394,19 @@ def test_containers_get_only_the_claims_and_requests_they_list() -> None:
     assert ids([{"name": "a", "request": "other"}]) == ["v/c=a-1", "v/c=a-2"]
     assert ids([{"name": "b"}]) == ["v/c=b-3"]
     assert ids([]) == []
+    # the kubelet's order: the pod's claims as spec.resourceClaims lists them, not as the
+    # container does; a device two entries select is passed twice (the runtime skips repeats)
+    assert ids([{"name": "b"}, {"name": "a", "request": "gpu"}]) == [
+        "v/c=a-0",
+        "v/c=a-2",
+        "v/c=b-3",
+    ]
+    assert ids([{"name": "a", "request": "gpu"}, {"name": "a", "request": "other"}]) == [
+        "v/c=a-0",
+        "v/c=a-2",
+        "v/c=a-1",
+        "v/c=a-2",
+    ]
 
 
 # ---- pod phase ----------------------------------------------------------------------------------

@@ -142,6 +142,13 @@ class NodeAgent:
         result: dict[str, object] = json.loads(path.read_text())
         return result
 
+    def container_cdi_devices(self, pod_uid: str, container: str) -> list[str]:
+        """The CDI device ids the runtime resolved the container's edits from (deduplicated,
+        in the kubelet's order: what containerd logs as the container's CDI devices)."""
+        path = self.config.pods_dir / pod_uid / ".containers" / container / "cdi-devices.json"
+        ids: list[str] = json.loads(path.read_text())
+        return ids
+
     def registered_drivers(self) -> list[str]:
         return self.plugins.drivers()
 

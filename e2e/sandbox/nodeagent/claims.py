@@ -93,21 +93,25 @@ def container_cdi_ids(
     claims: Iterable[PodClaim],
     devices: Callable[[str], list[PreparedDevice]],
 ) -> list[str]:
-    """The CDI ids the runtime gets for ``container``: only the claims (and requests) it lists.
-
-    ``devices(claim_name)`` returns the prepared devices of a claim (all drivers).
-    """
-    by_pod_name = {pc.pod_claim_name: pc for pc in claims}
+    """The CDI ids the kubelet puts into ``container``'s CRI config: only the claims (and
+    requests) it lists, in the kubelet's order — the pod's claims in ``spec.resourceClaims``
+    order, for each every entry of the container that names it, a device's ids when the entry
+    names no request or the device's ``request_names`` are empty or hold it — then its share of
+    the extended-resource claim. Not deduplicated, as the kubelet's list is not (the runtime
+    skips repeats). ``devices(claim_name)`` returns the prepared devices of a claim."""
+    refs = (container.get("resources") or {}).get("claims") or []
     ids: list[str] = []
-    for ref in (container.get("resources") or {}).get("claims") or []:
-        pc = by_pod_name.get(ref["name"])
-        if pc is None:
+    for pc in claims:
+        if not pc.pod_claim_name:
             continue
-        request = ref.get("request") or ""
-        for device in devices(pc.claim_name):
-            if not request or _request_matches(device, request):
-                ids.extend(device.cdi_device_ids)
-    extended_pc = by_pod_name.get("")
+        for ref in refs:
+            if ref["name"] != pc.pod_claim_name:
+                continue
+            request = ref.get("request") or ""
+            for device in devices(pc.claim_name):
+                if not request or _request_matches(device, request):
+                    ids.extend(device.cdi_device_ids)
+    extended_pc = next((pc for pc in claims if not pc.pod_claim_name), None)
     extended = (pod.get("status") or {}).get("extendedResourceClaimStatus") or {}
     if extended_pc is not None:
         requests = [
@@ -118,7 +122,7 @@ def container_cdi_ids(
         for device in devices(extended_pc.claim_name):
             if any(_request_matches(device, r) for r in requests):
                 ids.extend(device.cdi_device_ids)
-    return list(dict.fromkeys(ids))
+    return ids
 
 
 def container_claim_devices(

@@ -132,7 +132,7 @@ def build_config(
         expand(a, env) for a in (container.get("command") or []) + (container.get("args") or [])
     ]
     dp_edits, dp_cdi = device_plugin_edits(device_plugin)
-    ids = list(dict.fromkeys(cdi_ids + dp_cdi))
+    ids = list(dict.fromkeys(cdi_ids + dp_cdi))  # containerd skips repeated ids
     try:
         cdi_edits = resolve(cdi_root, ids) if ids else ContainerEdits()
     except GpusliceError as exc:
@@ -151,4 +151,5 @@ def build_config(
         cwd=cwd,
         annotations=dict(pod["metadata"].get("annotations") or {}),
         edits=edits,
+        cdi_devices=ids,
     )

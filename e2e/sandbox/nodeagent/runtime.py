@@ -4,8 +4,9 @@ What a runtime does with a container config, minus the isolation: the CDI edits 
 resolved (``gpuslice_core.cdi``) are applied — env entries appended (a later entry with the
 same name wins, as the OCI spec generator does), OCI hooks run like runc runs them, mounts and
 device nodes recorded in ``edits.json`` beside the log (there is no mount namespace to apply
-them in). Each container runs under a shim (``shim.py``) that owns the process group, writes
-the exit status to a file and survives an agent restart, so a new agent adopts it.
+them in), the CDI device ids they came from in ``cdi-devices.json``. Each container runs under
+a shim (``shim.py``) that owns the process group, writes the exit status to a file and survives
+an agent restart, so a new agent adopts it.
 
 Hooks (OCI runtime spec): ``prestart``, ``createRuntime``, ``createContainer`` run after the
 container is created, ``startContainer`` before the command starts — a failure of any of them
@@ -63,6 +64,7 @@ class ContainerConfig:
     cwd: str
     annotations: dict[str, str] = field(default_factory=dict)
     edits: ContainerEdits = field(default_factory=ContainerEdits)
+    cdi_devices: list[str] = field(default_factory=list)  # the ids the edits were resolved from
 
 
 def apply_env(base: dict[str, str], entries: list[str]) -> dict[str, str]:
@@ -245,6 +247,7 @@ class Runtime:
         (cdir / "edits.json").write_text(
             cfg.edits.model_dump_json(by_alias=True, exclude_defaults=True, indent=1)
         )
+        (cdir / "cdi-devices.json").write_text(json.dumps(cfg.cdi_devices))
         cid = uuid.uuid4().hex + uuid.uuid4().hex
         groups, skipped = cgroups.create(cfg.pod_uid, cid)
         if skipped:

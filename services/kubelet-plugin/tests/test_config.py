@@ -63,7 +63,7 @@ def test_wrong_kind_or_version() -> None:
     with pytest.raises(
         InvalidArgumentError, match=r"this driver accepts gpu\.gpuslice\.dev/v1alpha1"
     ):
-        decode({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"})
+        decode({"apiVersion": "gpu.gpuslice.dev/v1", "kind": "GpuConfig"})
     with pytest.raises(InvalidArgumentError, match="must be an object"):
         decode("cores: 30")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -76,8 +77,35 @@ def test_whole_gpus_and_static_mig_devices(node: Node) -> None:
     assert mapi["attributes"]["parentUUID"] == {"string": node.nvml.gpu(2).uuid}
     assert mapi["attributes"]["uuid"]["string"].startswith("MIG-")
     assert mapi["attributes"]["multiprocessors"] == {"int": 60}
-    assert list(mapi["capacity"]) == ["memory"]
+    # NVIDIA's capacities, so CEL such as device.capacity[...].copyEngines carries over
+    assert {k: v["value"] for k, v in mapi["capacity"].items()} == {
+        "memory": "40448Mi",
+        "multiprocessors": "60",
+        "copyEngines": "3",
+        "decoders": "3",
+        "encoders": "0",
+        "jpegEngines": "3",
+        "ofaEngines": "0",
+    }
+    assert len(mapi["attributes"]) + len(mapi["capacity"]) <= 32
+    assert "addressingMode" not in mapi["attributes"]  # not a coherent-memory system
     assert mig.mig.gpu_instance_id is not None and not mig.mig.dynamic
+
+
+def test_addressing_mode_is_published_on_coherent_systems(tmp_path: Path) -> None:
+    gpus: list[dict[str, Any]] = [
+        {"model": "H100", "addressingMode": "ATS"},
+        {
+            "model": "H100",
+            "migEnabled": True,
+            "addressingMode": "ATS",
+            "migInstances": [{"profile": "7g.80gb"}],
+        },
+    ]
+    with open_nvml("fake", write_node(tmp_path, gpus, "gh")) as nvml:
+        inventory = discover(nvml)
+    for device in inventory.devices:  # a MIG device carries its parent's, as with NVIDIA
+        assert device.attributes["addressingMode"] == {"string": "ATS"}, device.name
 
 
 def test_enforcement_level_and_mechanisms_become_attributes(node: Node) -> None:

@@ -332,7 +332,10 @@ class ClaimSpecs:
         annotations: dict[str, str] | None = None,
     ) -> list[str]:
         """Validate and atomically (re)write the claim's spec at the minimum cdiVersion its
-        features need; return the qualified device ids in order."""
+        features need; return the qualified device ids in order.
+
+        ``container_edits`` (the spec's own) reach every container that gets *any* device of the
+        spec, whichever request it names: describe a device in its own edits (docs/cdi.md)."""
         path = self.spec_path(claim_uid)
         foreign = [d.name for d in devices if not d.name.startswith(f"{claim_uid}-")]
         if foreign:

@@ -88,6 +88,9 @@ class GpuInfo:
     mig_capable: bool
     #: ``None`` when the GPU cannot do MIG.
     mig_mode: MigMode | None
+    #: ``nvmlDeviceGetAddressingMode`` on coherent-memory systems: "ATS", "HMM" or "None"
+    #: (supported, inactive); ``None`` where the platform or driver does not support it.
+    addressing_mode: str | None = None
 
     @property
     def memory_total_mib(self) -> int:

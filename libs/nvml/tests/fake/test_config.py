@@ -133,6 +133,7 @@ def test_overrides_and_defaults(write_config: WriteConfig) -> None:
                 uuid: GPU-11111111-2222-3333-4444-555555555555
                 pciBusId: 0000:b1:00.0
                 numaNode: 1
+                addressingMode: ATS
               - model: A100-SXM4-80GB
             """
         )
@@ -141,6 +142,8 @@ def test_overrides_and_defaults(write_config: WriteConfig) -> None:
     assert first.uuid == "GPU-11111111-2222-3333-4444-555555555555"
     assert (first.pci_bus_id, first.pcie_root, first.numa_node) == ("0000:b1:00.0", "pci0000:b0", 1)
     assert second.uuid.startswith("GPU-") and second.numa_node == 0
+    # NVML answers an addressing mode only on coherent-memory systems
+    assert (first.addressing_mode, second.addressing_mode) == ("ATS", None)
     # UUIDs are derived from the node name: the same name gives the same UUIDs
     again = load_node(write_config("name: n1\ngpus: [{model: L4}, {model: L4}]"))
     assert again.gpus[1].uuid == second.uuid

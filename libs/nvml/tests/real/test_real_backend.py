@@ -6,6 +6,7 @@ their results are decoded, how profile names are computed and how pynvml errors 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -68,6 +69,7 @@ class StubH100:
                 total=TOTAL, used=1 << 30, free=TOTAL - (1 << 30)
             ),
             "nvmlDeviceGetNumaNodeId": lambda h: 0,
+            "nvmlDeviceGetAddressingMode": raise_(pynvml.NVMLError_NotSupported),  # PCIe
             "nvmlDeviceGetMigMode": lambda h: [1, 1],
             "nvmlDeviceGetGpuInstanceProfileInfo": self.profile_info,
             "nvmlDeviceGetGpuInstancePossiblePlacements": self.placements,
@@ -146,6 +148,14 @@ def test_static_info_is_decoded(nvml: RealNvml) -> None:
     assert gpu.multiprocessors == 132  # 16896 cores / 128 per SM (attributes unsupported)
     assert gpu.memory_total_mib == 81559
     assert gpu.mig_capable and gpu.mig_enabled
+    assert gpu.addressing_mode is None  # not supported on a PCIe system: no attribute
+
+
+@pytest.mark.parametrize(("value", "mode"), [(0, "None"), (1, "HMM"), (2, "ATS")])
+def test_addressing_mode_of_coherent_systems(stub: StubH100, value: int, mode: str) -> None:
+    stub.set("nvmlDeviceGetAddressingMode", lambda h: value)
+    with contextlib.closing(RealNvml()) as nvml:
+        assert nvml.gpu(0).addressing_mode == mode
 
 
 def test_bad_index_and_unknown_uuid(nvml: RealNvml) -> None:

@@ -1,11 +1,13 @@
 """The container edits a share's containers receive (the kubelet plugin puts them into the
-claim's CDI spec).
+CDI devices of the share's GPUs).
 
-Every share: ``GPUSLICE_*`` variables that state the claim, the devices and the limits granted,
-``NVIDIA_GPU_MEMORY_LIMIT`` / ``NVIDIA_GPU_MEMORY_REQUEST`` (bytes; the names NVIDIA's proposed
-memory-limit hook reads), and — unless enforcement is off — the ``createContainer`` hook that
-attaches the container to the share (``gpuslice-enforcer-hook attach``) and the ``poststop`` hook
-that detaches it. MPS shares also get their pipe directory mounted and the MPS variables.
+Only what enforcement needs inside a container: unless enforcement is off, the
+``createContainer`` hook that attaches the container to the share (``gpuslice-enforcer-hook
+attach``) and the ``poststop`` hook that detaches it; for MPS shares the pipe directory mounted
+and the MPS variables. What the share *is* (claim, limits, mechanisms) the plugin states in
+per-device variables, whose names are unique to each device: a container can hold devices of
+several claims, and a variable named once per claim would keep only the last claim's value
+(docs/cdi.md).
 """
 
 from __future__ import annotations
@@ -18,18 +20,7 @@ MIB = 1 << 20
 
 
 def container_edits(config: EnforcerConfig, share: ShareRecord) -> ContainerEdits:
-    env = [
-        f"GPUSLICE_CLAIM_UID={share.claim_uid}",
-        f"GPUSLICE_SHARE_ID={share.share_id}",
-        f"GPUSLICE_DEVICE_UUIDS={','.join(share.device_uuids)}",
-        f"GPUSLICE_CORES_PERCENT={share.cores_percent}",
-        f"GPUSLICE_MEMORY_LIMIT_BYTES={share.memory_bytes}",
-        f"GPUSLICE_ENFORCEMENT={share.level.value}",
-        f"GPUSLICE_MEMORY_MECHANISM={share.memory_mechanism.value}",
-        f"GPUSLICE_CORES_MECHANISM={share.cores_mechanism.value}",
-        f"NVIDIA_GPU_MEMORY_LIMIT={share.memory_bytes}",
-        f"NVIDIA_GPU_MEMORY_REQUEST={share.memory_bytes}",
-    ]
+    env: list[str] = []
     mounts: list[Mount] = []
     if share.cores_mechanism.mps and share.mps_pipe_dir:
         container_dir = config.mps_container_dir

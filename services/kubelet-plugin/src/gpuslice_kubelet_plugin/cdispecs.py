@@ -1,34 +1,86 @@
-"""What a prepared claim puts into its containers: the claim's CDI spec (DESIGN.md section 2).
+"""What a prepared claim puts into its containers: the claim's CDI spec (DESIGN.md section 2,
+docs/cdi.md "One device, one set of edits").
 
 One transient spec per claim (``gpuslice_core.cdi.ClaimSpecs``), vendor ``k8s.gpu.gpuslice.dev``,
-class ``claim``, devices ``<claimUID>-<device>[-<shareID>]``. The spec's own edits, applied once
-per container, state the claim and its limits::
+class ``claim``, one CDI device per allocated device, ``<claimUID>-<device>[-<shareID>]``. The
+kubelet hands a container only the ids of the devices whose requests it names, and a runtime
+applies a spec's own edits to every container that gets any device of the spec, so the spec has
+no edits of its own: everything that describes or exposes a device is in that device's edits.
+A container that names several requests or claims gets the union of their devices, and no
+device's value replaces another's, because every variable name is unique to its device::
 
-    CUDA_VISIBLE_DEVICES=GPU-…[,MIG-…]     what CUDA may use (UUIDs work for GPUs and MIG)
-    GPUSLICE_CLAIM=<namespace>/<name>      GPUSLICE_CLAIM_UID=<uid>
-    GPUSLICE_DEVICES=gpu-0,…               GPUSLICE_DEVICE_UUIDS=GPU-…,…
-    GPUSLICE_CORES=30,…                    percent of the SMs per device (MIG: the instance's)
-    GPUSLICE_MEMORY=21474836480,…          bytes per device
-    GPUSLICE_ENFORCEMENT=hard|soft|none    what the limits rest on
+    GPUSLICE_<KEY>_UUID=GPU-…|MIG-…         KEY: the device name (+ the allocation's share ID),
+    GPUSLICE_<KEY>_DEVICE=gpu-0                  upper case, other characters as _
+    GPUSLICE_<KEY>_CLAIM=<namespace>/<name>
+    GPUSLICE_<KEY>_CLAIM_UID=<uid>          GPUSLICE_<KEY>_REQUEST=<request>
+    GPUSLICE_<KEY>_CORES=30                 percent of the SMs (100 for whole GPUs and MIG)
+    GPUSLICE_<KEY>_MEMORY=21474836480       bytes
+    GPUSLICE_<KEY>_ENFORCEMENT=…            exclusive | mig | hard | soft | none
+    GPUSLICE_<KEY>_SHARE_ID, _MEMORY_MECHANISM, _CORES_MECHANISM     devices of an enforcer share
+    GPUSLICE_<KEY>_ADMIN_ACCESS=true        admin-access results
 
-plus the enforcer's edits (MPS pipe directory, hooks). Each device's own edits carry
-``GPUSLICE_<DEVICE>_UUID/_CORES/_MEMORY`` and the device nodes that exist under the driver root.
-The spec is rebuilt from the checkpoint record alone, so recovery can rewrite a lost spec.
+plus the device's node and the control nodes that exist under the driver root, and on the
+devices of an enforcer share the enforcer's edits (CDI hooks, MPS). Nothing sets
+``CUDA_VISIBLE_DEVICES``: one variable cannot hold a union that several devices contribute to
+(a runtime keeps the last value of a name), and CUDA sees exactly the GPUs whose device nodes
+the container has, as with NVIDIA's own driver. The spec is rebuilt from the checkpoint record
+alone, so recovery can rewrite a lost spec.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 from gpuslice_core.cdi import ClaimSpecs, ContainerEdits, Device, DeviceNode, merge_edits
 from gpuslice_kubelet_plugin.checkpoint import ClaimRecord, DeviceRecord
 
 CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
+ENV_PREFIX = "GPUSLICE_"
+FIELDS = (
+    "UUID",
+    "DEVICE",
+    "CLAIM",
+    "CLAIM_UID",
+    "REQUEST",
+    "CORES",
+    "MEMORY",
+    "ENFORCEMENT",
+    "SHARE_ID",
+    "MEMORY_MECHANISM",
+    "CORES_MECHANISM",
+    "ADMIN_ACCESS",
+)
 
 
-def env_key(device: str) -> str:
-    return re.sub(r"[^A-Z0-9]", "_", device.upper())
+def env_key(device: str, share_id: str | None = None) -> str:
+    """The part of a device's variable names that is unique to it in any container."""
+    name = f"{device}-{share_id}" if share_id else device
+    return re.sub(r"[^A-Z0-9]", "_", name.upper())
+
+
+def device_env(env: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    """A container's gpuslice devices from its environment: key → {field: value}, one entry per
+    ``GPUSLICE_<KEY>_UUID`` (the inverse of what ``CdiWriter`` writes; tests and tools read it)."""
+    keys = [
+        name[len(ENV_PREFIX) : -len("_UUID")]
+        for name in env
+        if name.startswith(ENV_PREFIX) and name.endswith("_UUID")
+    ]
+    return {
+        key: {f: env[f"{ENV_PREFIX}{key}_{f}"] for f in FIELDS if f"{ENV_PREFIX}{key}_{f}" in env}
+        for key in keys
+    }
+
+
+def shared_devices(record: ClaimRecord) -> list[DeviceRecord]:
+    """The devices the claim's enforcer share covers. Records written before devices carried
+    ``shared`` put the enforcer's edits on every GPU of the claim: so do they still."""
+    marked = [d for d in record.devices if d.shared]
+    if marked or not (record.enforcer_edits or record.enforcer_share_id):
+        return marked
+    return [d for d in record.devices if d.kind == "gpu" and not d.admin_access]
 
 
 class CdiWriter:
@@ -48,47 +100,51 @@ class CdiWriter:
     def device_name(self, uid: str, device: DeviceRecord) -> str:
         return self.specs.device_name(uid, device.device, device.share_id)
 
-    def _device(self, uid: str, device: DeviceRecord, minor: int | None) -> Device:
-        key = f"GPUSLICE_{env_key(device.device)}"
-        env = [f"{key}_UUID={device.uuid}", f"{key}_MEMORY={device.memory_bytes}"]
-        if device.cores is not None:
-            env.append(f"{key}_CORES={device.cores}")
-        nodes = self._node(f"nvidia{minor}") if minor is not None else []
-        return Device(
-            name=self.device_name(uid, device),
-            container_edits=ContainerEdits(env=env, device_nodes=nodes),
-        )
+    def _env(self, record: ClaimRecord, device: DeviceRecord, shared: bool) -> list[str]:
+        if shared:
+            enforcement = record.enforcement
+        else:
+            enforcement = "mig" if device.kind == "mig" else "exclusive"
+        values = {
+            "UUID": device.uuid,
+            "DEVICE": device.device,
+            "CLAIM": record.ref,
+            "CLAIM_UID": record.uid,
+            "REQUEST": device.request,
+            "CORES": str(device.cores if device.cores is not None else 100),
+            "MEMORY": str(device.memory_bytes),
+            "ENFORCEMENT": enforcement,
+        }
+        if shared and record.enforcer_share_id:
+            values["SHARE_ID"] = record.enforcer_share_id
+        if shared and record.memory_mechanism:
+            values["MEMORY_MECHANISM"] = record.memory_mechanism
+            values["CORES_MECHANISM"] = record.cores_mechanism
+        if device.admin_access:
+            values["ADMIN_ACCESS"] = "true"
+        key = f"{ENV_PREFIX}{env_key(device.device, device.share_id)}"
+        return [f"{key}_{name}={value}" for name, value in values.items()]
 
-    def render(
-        self, record: ClaimRecord, minors: dict[str, int]
-    ) -> tuple[list[Device], ContainerEdits]:
-        """The spec's devices and its claim-wide edits (``minors``: GPU UUID → minor)."""
-        devices = [self._device(record.uid, d, minors.get(d.gpu_uuid)) for d in record.devices]
-        uuids = [d.uuid for d in record.devices]
-        cores = [str(d.cores if d.cores is not None else 100) for d in record.devices]
-        env = [
-            f"CUDA_VISIBLE_DEVICES={','.join(uuids)}",
-            f"GPUSLICE_CLAIM={record.namespace}/{record.name}",
-            f"GPUSLICE_CLAIM_UID={record.uid}",
-            f"GPUSLICE_DEVICES={','.join(d.device for d in record.devices)}",
-            f"GPUSLICE_DEVICE_UUIDS={','.join(uuids)}",
-            f"GPUSLICE_CORES={','.join(cores)}",
-            f"GPUSLICE_MEMORY={','.join(str(d.memory_bytes) for d in record.devices)}",
-            f"GPUSLICE_ENFORCEMENT={record.enforcement}",
+    def _device(
+        self, record: ClaimRecord, device: DeviceRecord, minor: int | None, shared: bool
+    ) -> Device:
+        nodes = self._node(f"nvidia{minor}") if minor is not None else []
+        nodes += [n for name in CONTROL_NODES for n in self._node(name)]
+        edits = ContainerEdits(env=self._env(record, device, shared), device_nodes=nodes)
+        if shared and record.enforcer_edits:
+            edits = merge_edits([edits, ContainerEdits.model_validate(record.enforcer_edits)])
+        return Device(name=self.device_name(record.uid, device), container_edits=edits)
+
+    def render(self, record: ClaimRecord, minors: dict[str, int]) -> list[Device]:
+        """The spec's devices, each with all of its edits (``minors``: GPU UUID → minor)."""
+        shared = shared_devices(record)
+        return [
+            self._device(record, d, minors.get(d.gpu_uuid), d in shared) for d in record.devices
         ]
-        if any(d.admin_access for d in record.devices):
-            env.append("GPUSLICE_ADMIN_ACCESS=true")
-        nodes = [n for name in CONTROL_NODES for n in self._node(name)]
-        claim_edits = ContainerEdits(env=env, device_nodes=nodes)
-        if record.enforcer_edits:
-            enforcer = ContainerEdits.model_validate(record.enforcer_edits)
-            claim_edits = merge_edits([claim_edits, enforcer])
-        return devices, claim_edits
 
     def write(self, record: ClaimRecord, minors: dict[str, int]) -> dict[str, list[str]]:
         """Write the claim's spec; returns device name (+share) → its CDI ids."""
-        devices, claim_edits = self.render(record, minors)
-        ids = self.specs.write(record.uid, devices, container_edits=claim_edits)
+        ids = self.specs.write(record.uid, self.render(record, minors))
         out: dict[str, list[str]] = {}
         for device, qualified in zip(record.devices, ids, strict=True):
             extra = []

@@ -59,6 +59,7 @@ class DeviceRecord(BaseModel):
     admin_access: bool = False
     gpu_instance_id: int | None = None  # dynamic MIG: the instance created for the claim
     cdi_device_ids: list[str] = []
+    shared: bool = False  # covered by the claim's enforcer share (gets the enforcer's edits)
 
 
 class ClaimRecord(BaseModel):
@@ -72,6 +73,8 @@ class ClaimRecord(BaseModel):
     enforcement_reason: str = ""
     enforcer_share_id: str = ""
     enforcer_edits: dict[str, Any] = {}  # CDI containerEdits (JSON) the enforcer returned
+    memory_mechanism: str = ""  # what enforces the share's memory limit (the enforcer's word)
+    cores_mechanism: str = ""  # ... and its SM limit
     updated: float = 0.0
 
     @property

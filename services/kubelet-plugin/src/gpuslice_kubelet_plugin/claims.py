@@ -1,5 +1,6 @@
 """What a ResourceClaim asks this node for: its allocation results for this driver and pool,
-the capacity each result consumed and the GpuConfig that applies to it.
+the capacity each result consumed (and which of it the request asked for by name) and the
+GpuConfigs that may apply to it (the plan picks one by device type).
 
 The kubelet sends only namespace, name and UID; everything else comes from the claim object.
 Every problem is a ``ClaimError`` with a short ``reason`` (a metric label) and a message that
@@ -52,7 +53,8 @@ class Result:
     share_id: str | None
     admin_access: bool
     consumed: dict[str, str]  # consumedCapacity as quantities
-    config: cfg.GpuConfig
+    configs: tuple[cfg.Candidate, ...] = ()  # those whose requests match, in precedence order
+    requested: frozenset[str] = frozenset()  # capacities the request asks for by name
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,20 @@ def _configs(ref: ClaimRef, allocation: Obj, driver: str) -> list[tuple[list[str
             out.append((requests, cfg.decode(opaque.get("parameters"), what=what)))
         except InvalidArgumentError as exc:
             raise ClaimError("BadConfig", str(exc)) from exc
+    return out
+
+
+def _requested_capacity(claim: Obj) -> dict[str, frozenset[str]]:
+    """Request (or ``request/subrequest``) → the capacity names it asks for. v1 and v1beta2
+    nest a request's fields under ``exactly``; v1beta1 has them on the request itself."""
+    out: dict[str, frozenset[str]] = {}
+    for r in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
+        name = str(r.get("name", ""))
+        exact = r.get("exactly") or r
+        out[name] = frozenset(((exact.get("capacity") or {}).get("requests") or {}).keys())
+        for sub in r.get("firstAvailable") or []:
+            names = ((sub.get("capacity") or {}).get("requests") or {}).keys()
+            out[f"{name}/{sub.get('name', '')}"] = frozenset(names)
     return out
 
 
@@ -127,10 +143,15 @@ def parse_claim(claim: Obj, ref: ClaimRef, *, driver: str, pool: str) -> Allocat
             f"allocated from pool {r.get('pool')}, but this plugin serves pool {pool}",
         )
     configs = _configs(ref, allocation, driver)
+    requested = _requested_capacity(claim)
     results = []
     for r in ours:
         request = str(r.get("request", ""))
-        matching = [c for requests, c in configs if _applies(requests, request)]
+        matching = [
+            cfg.Candidate(c, named=bool(requests))
+            for requests, c in configs
+            if _applies(requests, request)
+        ]
         consumed = {k: str(v) for k, v in (r.get("consumedCapacity") or {}).items()}
         results.append(
             Result(
@@ -140,7 +161,8 @@ def parse_claim(claim: Obj, ref: ClaimRef, *, driver: str, pool: str) -> Allocat
                 share_id=r.get("shareID") or None,
                 admin_access=bool(r.get("adminAccess")),
                 consumed=consumed,
-                config=cfg.effective_config(matching),
+                configs=tuple(matching),
+                requested=requested.get(request, frozenset()),
             )
         )
     return AllocatedClaim(ref=ref, results=tuple(results), pods=_pods(status))

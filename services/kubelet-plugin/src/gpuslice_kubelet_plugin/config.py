@@ -18,17 +18,24 @@ A claim (or its DeviceClass) carries it in ``spec.devices.config[].opaque.parame
 Unknown fields are errors that name the field; a bad value is one error that names the field,
 the value and the allowed range. Precedence: DeviceClass configs < claim configs, later entries
 win (``effective_config``).
+
+NVIDIA's ``resource.nvidia.com/v1beta1`` ``GpuConfig`` and ``MigDeviceConfig`` are accepted too
+and mapped onto this model (``nvconfig``); the private attributes below keep what the mapping
+needs that this API has no field for (which device type a config is for, per-device memory
+limits, and the user's field names for messages).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from gpuslice_core.errors import InvalidArgumentError
-from gpuslice_kubelet_plugin.quantity import MIB, parse_quantity, quantity_int
+from gpuslice_kubelet_plugin import nvconfig
+from gpuslice_kubelet_plugin.quantity import memory_quantity
 
 API_VERSION = "gpu.gpuslice.dev/v1alpha1"
 KIND = "GpuConfig"
@@ -68,17 +75,7 @@ class Limits(_Strict):
     @field_validator("memory", mode="plain")
     @classmethod
     def _memory(cls, value: Any) -> int | None:
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, str | int):
-            raise ValueError("must be a quantity string such as 20Gi")
-        try:
-            parsed = parse_quantity(value, what="limits.memory")
-        except InvalidArgumentError as exc:
-            raise ValueError("not a quantity (examples: 20Gi, 512Mi)") from exc
-        if parsed < MIB:
-            raise ValueError("must be at least 1Mi")
-        return quantity_int(value)
+        return None if value is None else memory_quantity(value)
 
 
 class GpuConfig(_Strict):
@@ -88,6 +85,45 @@ class GpuConfig(_Strict):
     enforcement: Enforcement = Enforcement()
     limits: Limits = Limits()
 
+    # Set by nvconfig for NVIDIA's kinds (users cannot set private attributes):
+    _origin: str = PrivateAttr(default=f"{API_VERSION} {KIND}")
+    _targets: Literal["gpu", "mig"] | None = PrivateAttr(default=None)
+    _device_memory: dict[str, int] = PrivateAttr(default_factory=dict)
+    _field_names: dict[str, str] = PrivateAttr(
+        default_factory=lambda: {"cores": "limits.cores", "memory": "limits.memory"}
+    )
+
+    @property
+    def origin(self) -> str:
+        """``<apiVersion> <kind>`` as the user wrote it."""
+        return self._origin
+
+    @property
+    def targets(self) -> Literal["gpu", "mig"] | None:
+        """The device type an NVIDIA config is for (it skips the others when it names no
+        requests); None: any (gpuslice's GpuConfig)."""
+        return self._targets
+
+    @property
+    def device_memory(self) -> dict[str, int]:
+        """Per-device memory limits in bytes, keyed by the device's index among the devices the
+        config applies to or by its UUID (NVIDIA's ``defaultPerDevicePinnedMemoryLimit``)."""
+        return dict(self._device_memory)
+
+    def field_name(self, limit: str) -> str:
+        """Where the user set the ``cores`` or ``memory`` limit, for messages."""
+        return self._field_names[limit]
+
+    @classmethod
+    def mapped_from(cls, mapped: nvconfig.Mapped, *, origin: str) -> GpuConfig:
+        """The config an NVIDIA config maps onto, remembering where it came from."""
+        config = cls.model_validate({"apiVersion": API_VERSION, "kind": KIND, **mapped.fields})
+        config._origin = origin
+        config._targets = mapped.targets
+        config._device_memory = dict(mapped.device_memory)
+        config._field_names = dict(mapped.field_names)
+        return config
+
 
 DEFAULT = GpuConfig.model_validate({"apiVersion": API_VERSION, "kind": KIND})
 
@@ -96,24 +132,25 @@ def _loc(loc: Sequence[int | str]) -> str:
     return ".".join(str(p) for p in loc)
 
 
-def _describe(err: Mapping[str, Any]) -> str:
+def _describe(err: Mapping[str, Any], allowed_by_field: Mapping[str, str]) -> str:
     loc = _loc(err["loc"])
     if err["type"] == "extra_forbidden":
         parent, _, name = loc.rpartition(".")
         where = f" in {parent}" if parent else ""
         return f"unknown field {name!r}{where}"
     if err["type"] == "missing":
-        return f"{loc}: required (allowed: {ALLOWED.get(loc, 'see docs/kubelet-plugin.md')})"
+        hint = allowed_by_field.get(loc, "see docs/kubelet-plugin.md")
+        return f"{loc}: required (allowed: {hint})"
     value = err.get("input")
-    allowed = ALLOWED.get(loc)
+    allowed = allowed_by_field.get(loc)
     reason = str(err["msg"]).removeprefix("Value error, ")
     text = f"{loc}: {value!r} is not allowed ({reason})"
     return f"{text}; allowed: {allowed}" if allowed else text
 
 
-def format_config_error(exc: ValidationError) -> str:
+def format_config_error(exc: ValidationError, allowed: Mapping[str, str] = ALLOWED) -> str:
     """One line naming every bad field, its value and what it allows."""
-    return "; ".join(_describe(err) for err in exc.errors())
+    return "; ".join(_describe(err, allowed) for err in exc.errors())
 
 
 def decode(parameters: Any, *, what: str = "GpuConfig") -> GpuConfig:
@@ -121,10 +158,13 @@ def decode(parameters: Any, *, what: str = "GpuConfig") -> GpuConfig:
     if not isinstance(parameters, dict):
         raise InvalidArgumentError(f"{what}: parameters must be an object, got {parameters!r}")
     kind, version = parameters.get("kind"), parameters.get("apiVersion")
+    if version == nvconfig.API_VERSION and kind in nvconfig.KINDS:
+        return _from_nvidia(parameters, what)
     if version != API_VERSION or kind != KIND:
         raise InvalidArgumentError(
-            f"{what}: unsupported apiVersion/kind {version!r}/{kind!r}; "
-            f"this driver accepts {API_VERSION} {KIND}"
+            f"{what}: unsupported apiVersion/kind {version!r}/{kind!r}; this driver accepts "
+            f"{API_VERSION} {KIND} and NVIDIA's {nvconfig.API_VERSION} "
+            f"{' and '.join(nvconfig.KINDS)}"
         )
     try:
         return GpuConfig.model_validate(parameters, by_alias=True, by_name=False)
@@ -132,6 +172,38 @@ def decode(parameters: Any, *, what: str = "GpuConfig") -> GpuConfig:
         raise InvalidArgumentError(f"{what}: {format_config_error(exc)}") from exc
 
 
-def effective_config(configs: Sequence[GpuConfig]) -> GpuConfig:
-    """The config that applies: the last one (class configs come before claim configs)."""
-    return configs[-1] if configs else DEFAULT
+def _from_nvidia(parameters: dict[str, Any], what: str) -> GpuConfig:
+    try:
+        mapped = nvconfig.translate(parameters)
+    except ValidationError as exc:
+        raise InvalidArgumentError(f"{what}: {format_config_error(exc, nvconfig.ALLOWED)}") from exc
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(f"{what}: {exc}") from exc
+    return GpuConfig.mapped_from(mapped, origin=f"{nvconfig.API_VERSION} {parameters['kind']}")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A config whose entry matches a request; ``named``: the entry lists requests."""
+
+    config: GpuConfig
+    named: bool
+
+
+def effective_config(candidates: Sequence[Candidate], kind: str, device: str) -> GpuConfig:
+    """The config that applies to ``device`` (``kind`` gpu or mig): the last one (class configs
+    come before claim configs). NVIDIA's kinds configure one device type, as in NVIDIA's
+    driver: one that lists no requests passes over the other type, one that names the request
+    of a device of the other type is an error."""
+    applicable = []
+    for c in candidates:
+        if c.config.targets in (None, kind):
+            applicable.append(c.config)
+        elif c.named:
+            what = "a MIG device" if kind == "mig" else "a whole GPU"
+            other = "MigDeviceConfig" if kind == "mig" else "GpuConfig"
+            raise InvalidArgumentError(
+                f"{c.config.origin} cannot configure {device}, {what}; "
+                f"use {nvconfig.API_VERSION} {other} for it"
+            )
+    return applicable[-1] if applicable else DEFAULT

@@ -11,9 +11,12 @@ Device model (DESIGN.md section 2):
   of every profile, each consuming counters of the GPU's CounterSet ``gpu-<index>-counter-set``
   (``memory-slice-<i>`` per memory slice, ``compute-slices``, and ``<profile>-instances`` for
   profiles the driver allows fewer instances of than they have placements).
-- Attributes are named like NVIDIA's driver (``type``, ``uuid``, ``productName``, ...), so users'
-  CEL selectors carry over; the standard ``resource.kubernetes.io/pciBusID``, ``pcieRoot`` and
-  ``numaNode`` are set where known.
+- Attributes are named like NVIDIA's driver (``type``, ``uuid``, ``productName``,
+  ``addressingMode``, ...), so users' CEL selectors carry over; the standard
+  ``resource.kubernetes.io/pciBusID``, ``pcieRoot`` and ``numaNode`` are set where known. A MIG
+  device also carries NVIDIA's capacities: ``multiprocessors``, ``copyEngines``, ``decoders``,
+  ``encoders``, ``jpegEngines``, ``ofaEngines`` (MIG devices are not shareable, so capacities
+  without a request policy are fine there; a whole GPU carries only ``cores`` and ``memory``).
 """
 
 from __future__ import annotations
@@ -145,6 +148,8 @@ def _gpu_attributes(gpu: GpuInfo, system: SystemInfo) -> Attributes:
         version = semver(raw)
         if version is not None:
             attrs[name] = {"version": version}
+    if gpu.addressing_mode is not None:
+        attrs["addressingMode"] = {"string": gpu.addressing_mode}
     attrs[f"{STANDARD}/pciBusID"] = {"string": gpu.pci_bus_id}
     if gpu.pcie_root:
         attrs[f"{STANDARD}/pcieRoot"] = {"string": gpu.pcie_root}
@@ -207,7 +212,30 @@ def _mig_attributes(
     return attrs
 
 
-def static_mig(gpu: GpuInfo, system: SystemInfo, mig: MigDevice, name: str) -> Device:
+def _mig_capacity(
+    memory: int, sms: int, profile: GpuInstanceProfile | None
+) -> dict[str, dict[str, Any]]:
+    """NVIDIA's MIG capacities: memory, SMs and the GPU instance's engines."""
+    capacity = {MEMORY: {"value": format_bytes(memory)}, "multiprocessors": {"value": str(sms)}}
+    if profile is not None:
+        engines = {
+            "copyEngines": profile.copy_engines,
+            "decoders": profile.decoders,
+            "encoders": profile.encoders,
+            "jpegEngines": profile.jpeg_decoders,
+            "ofaEngines": profile.ofa_engines,
+        }
+        capacity.update({k: {"value": str(v)} for k, v in engines.items()})
+    return capacity
+
+
+def static_mig(
+    gpu: GpuInfo,
+    system: SystemInfo,
+    mig: MigDevice,
+    name: str,
+    profile: GpuInstanceProfile | None,
+) -> Device:
     attrs = _mig_attributes(gpu, system, mig.profile, mig.placement.start, mig.multiprocessors)
     attrs["uuid"] = {"string": mig.uuid}
     attrs["memorySlices"] = {"int": mig.placement.size}
@@ -221,7 +249,7 @@ def static_mig(gpu: GpuInfo, system: SystemInfo, mig: MigDevice, name: str) -> D
         memory_bytes=mig.memory_bytes,
         shareable=False,
         attributes=attrs,
-        capacity={MEMORY: {"value": format_bytes(mig.memory_bytes)}},
+        capacity=_mig_capacity(mig.memory_bytes, mig.multiprocessors, profile),
         mig=MigSpec(
             profile=mig.profile,
             placement_start=mig.placement.start,
@@ -275,7 +303,7 @@ def dynamic_mig(
                     memory_bytes=memory,
                     shareable=False,
                     attributes=attrs,
-                    capacity={MEMORY: {"value": format_bytes(memory)}},
+                    capacity=_mig_capacity(memory, p.multiprocessors, p),
                     consumes_counters=(
                         {
                             "counterSet": set_name,
@@ -325,8 +353,10 @@ def discover(
                     counter_sets += [cset] if cset else []
                 else:
                     migs = sorted(nvml.mig_devices(index), key=lambda m: m.placement)
+                    profiles = {p.id: p for p in nvml.gpu_instance_profiles(index)}
                     for mig, name in zip(migs, _static_names(gpu, migs), strict=True):
-                        devices.append(static_mig(gpu, system, mig, name))
+                        profile = profiles.get(mig.gpu_instance_profile_id)
+                        devices.append(static_mig(gpu, system, mig, name, profile))
             else:
                 level = (enforcement or {}).get(gpu.uuid)
                 devices.append(whole_gpu(gpu, system, level))

@@ -70,6 +70,8 @@ class ShareGrant:
     level: str  # hard | soft | none
     edits: cdi.ContainerEdits = field(default_factory=cdi.ContainerEdits)
     reason: str = ""
+    memory_mechanism: str = ""  # MECHANISMS' words; "" without an enforcer
+    cores_mechanism: str = ""
 
 
 @dataclass(frozen=True)
@@ -209,11 +211,16 @@ class GrpcEnforcer:
             ),
         )
         reasons = "; ".join(limit.reason for limit in reply.limits if limit.reason)
+        mechanisms = {
+            limit.resource: MECHANISMS.get(limit.mechanism, "none") for limit in reply.limits
+        }
         return ShareGrant(
             share_id=reply.share_id,
             level=LEVELS.get(reply.level, "none"),
             edits=_edits(reply.container_edits),
             reason=reasons,
+            memory_mechanism=mechanisms.get(pb.RESOURCE_MEMORY, ""),
+            cores_mechanism=mechanisms.get(pb.RESOURCE_CORES, ""),
         )
 
     def release_share(self, claim_uid: str) -> bool:

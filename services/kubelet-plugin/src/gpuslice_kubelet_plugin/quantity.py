@@ -54,6 +54,22 @@ def quantity_int(value: str | int, *, what: str = "quantity") -> int:
     return math.ceil(parse_quantity(value, what=what))
 
 
+def memory_quantity(value: object, *, floor_mib: bool = False) -> int:
+    """Bytes of a memory quantity of at least 1Mi, for a pydantic validator (a ``ValueError``
+    says why not); ``floor_mib`` rounds down to whole MiB first, as MPS takes limits in MiB."""
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise ValueError("must be a quantity string such as 20Gi")
+    try:
+        parsed = parse_quantity(value, what="memory")
+    except InvalidArgumentError as exc:
+        raise ValueError("not a quantity (examples: 20Gi, 512Mi)") from exc
+    if floor_mib:
+        parsed = Fraction(parsed // MIB * MIB)
+    if parsed < MIB:
+        raise ValueError("must be at least 1Mi")
+    return math.ceil(parsed)
+
+
 def format_bytes(value: int) -> str:
     """A byte count as a canonical quantity: ``Gi``/``Mi`` when exact, plain bytes otherwise."""
     for suffix in ("Gi", "Mi", "Ki"):

@@ -275,6 +275,8 @@ class DeviceState:
             record.enforcement = grant.level
             record.enforcement_reason = grant.reason
             record.enforcer_share_id = grant.share_id
+            record.memory_mechanism = grant.memory_mechanism
+            record.cores_mechanism = grant.cores_mechanism
             if not grant.edits.is_empty():
                 record.enforcer_edits = grant.edits.model_dump(
                     mode="json", by_alias=True, exclude_defaults=True

@@ -104,6 +104,7 @@ class FakeNvml(Nvml):
             numa_node=gpu.numa_node,
             mig_capable=model.mig_capable,
             mig_mode=MigMode(gs.mig_current, gs.mig_pending) if model.mig_capable else None,
+            addressing_mode=gpu.addressing_mode,
         )
 
     def gpus(self) -> list[GpuInfo]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
@@ -64,6 +64,9 @@ class GpuConfig(_Strict):
     ) = None
     pcie_root: Annotated[str, Field(pattern=r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")] | None = None
     numa_node: Annotated[int, Field(ge=0, le=63)] | None = None
+    #: What ``nvmlDeviceGetAddressingMode`` answers on a coherent-memory system (Grace Hopper:
+    #: ATS); unset: not supported, as on every PCIe system.
+    addressing_mode: Literal["ATS", "HMM", "None"] | None = None
     mig_enabled: bool = False
     mig_instances: list[MigInstanceConfig] = []
 

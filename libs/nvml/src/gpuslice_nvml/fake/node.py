@@ -48,6 +48,8 @@ class FakeGpu:
     numa_node: int
     #: The index of the config's ``gpus`` entry the GPU comes from.
     entry: int
+    #: ``nvmlDeviceGetAddressingMode``'s answer; None: not supported.
+    addressing_mode: str | None = None
 
     @property
     def source(self) -> str:
@@ -171,6 +173,7 @@ def _expand(
                 pcie_root=entry.pcie_root or f"pci{domain}:{int(bus, 16) - 1:02x}",
                 numa_node=entry.numa_node if entry.numa_node is not None else 0,
                 entry=entry_index,
+                addressing_mode=entry.addressing_mode,
             )
         )
     return gpus

@@ -151,6 +151,7 @@ class RealNvml(Nvml):
             numa_node=self._numa_node(h, bus_id),
             mig_capable=False,
             mig_mode=None,
+            addressing_mode=self._addressing_mode(h),
         )
         self._static[index] = info
         return info
@@ -167,6 +168,21 @@ class RealNvml(Nvml):
         except pynvml.NVMLError:
             return 0
         return cores // per_sm if per_sm else 0
+
+    @staticmethod
+    def _addressing_mode(h: Any) -> str | None:
+        """As go-nvlib reads it: absent without the call (older drivers) or where the platform
+        does not support it; other errors are real ones."""
+        get = getattr(pynvml, "nvmlDeviceGetAddressingMode", None)
+        if get is None:
+            return None
+        try:
+            mode = int(get(h))
+        except pynvml.NVMLError as exc:
+            if c.error_code(exc) in (e.ERROR_NOT_SUPPORTED, e.ERROR_FUNCTION_NOT_FOUND):
+                return None
+            raise c.map_error(exc, "nvmlDeviceGetAddressingMode") from exc
+        return c.ADDRESSING_MODES.get(mode)
 
     @staticmethod
     def _numa_node(h: Any, bus_id: str) -> int | None:

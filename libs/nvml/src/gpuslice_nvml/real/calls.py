@@ -48,6 +48,9 @@ BRANDS = {
     16: "TitanRTX",
 }
 
+#: go-nvlib's ``GetAddressingModeAsString`` names (NVML_DEVICE_ADDRESSING_MODE_*).
+ADDRESSING_MODES = {0: "None", 1: "HMM", 2: "ATS"}
+
 _INIT_HINTS = {
     e.ERROR_LIBRARY_NOT_FOUND: (
         "libnvidia-ml.so.1 could not be loaded: install the NVIDIA driver, or give the container "

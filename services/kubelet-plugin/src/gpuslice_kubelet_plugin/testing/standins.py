@@ -95,10 +95,7 @@ class StandinEnforcer(epb_grpc.EnforcerServicer):
             share_id=share_id,
             created=created,
             container_edits=epb.ContainerEdits(
-                env=[
-                    f"GPUSLICE_SHARE_ID={share_id}",
-                    f"CUDA_MPS_PIPE_DIRECTORY=/run/gpuslice/mps/{share_id}",
-                ],
+                env=[f"CUDA_MPS_PIPE_DIRECTORY=/run/gpuslice/mps/{share_id}"],
                 mounts=[
                     epb.Mount(
                         host_path=f"/run/gpuslice/mps/{share_id}",
