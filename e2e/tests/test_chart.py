@@ -155,6 +155,8 @@ def test_renders_for_each_kubernetes_minor_and_backend(
             "ConfigMap",
             "DaemonSet",
             "DeviceClass",
+            "Pod",  # helm test's validation pod
+            "ResourceClaimTemplate",  # ... and its claim
             "Role",
             "RoleBinding",
             "Service",
@@ -865,3 +867,48 @@ def test_installed_policies_confine_the_node_pods_to_their_own_node(
         for s in kube.list(slices, field_selector=f"spec.nodeName={node_a}")["items"]:
             with contextlib.suppress(KubeNotFoundError):
                 kube.delete(resource_path(RESOURCE, "resourceslices", name=s["metadata"]["name"]))
+
+
+@pytest.mark.parametrize(
+    ("cores", "memory", "passes"),
+    [("10", str(1024**3), True), ("20", str(1024**3), False), ("10", str(2 * 1024**3), False)],
+)
+def test_helm_test_pod_checks_the_share_it_got(
+    helm_bin: Path, cores: str, memory: str, passes: bool
+) -> None:
+    """`helm test`'s validation pod asks for 10 cores and 1Gi (the defaults) through its own
+    ResourceClaimTemplate and passes only when its environment states exactly that share."""
+    objs = render(helm_bin, "--kube-version", "1.37")
+    pod = one(objs, "Pod")
+    template = one(objs, "ResourceClaimTemplate")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert pod["spec"]["resourceClaims"] == [
+        {"name": "gpu", "resourceClaimTemplateName": template["metadata"]["name"]}
+    ]
+    [request] = template["spec"]["spec"]["devices"]["requests"]
+    assert request["exactly"]["capacity"]["requests"] == {"cores": "10", "memory": "1Gi"}
+    [container] = pod["spec"]["containers"]
+    assert (
+        container["image"]
+        == one(objs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["image"]
+    )  # the kubelet plugin's image: it has the Python the check runs with
+    key = "GPUSLICE_GPU_0_0A1B"  # a share's device key
+    env = {
+        **env_of(container),
+        "PATH": os.environ["PATH"],
+        f"{key}_UUID": "GPU-x",
+        f"{key}_DEVICE": "gpu-0",
+        f"{key}_CORES": cores,
+        f"{key}_MEMORY": memory,
+    }
+    assert container["command"] == ["python", "-c"]
+    done = subprocess.run(
+        [sys.executable, "-c", *container["args"]],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert (done.returncode == 0) == passes, done.stdout + done.stderr
+    assert ("PASS" in done.stdout) == passes, done.stdout
