@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
 .PHONY: all setup demo inventory chart test lint typecheck imports proto proto-check unit clean \
-	kube-binaries cluster-up cluster-down cluster-status
+	kube-binaries node-binaries images cluster-up cluster-down cluster-status
 
 all: test
 
@@ -57,14 +57,26 @@ chart: setup kube-binaries
 kube-binaries:
 	bash hack/kube-binaries.sh
 
-cluster-up: setup kube-binaries
-	$(PY) -m e2e.sandbox.controlplane up
+# The real node's runtime (containerd, runc, crictl), built once from Go modules (same cache).
+node-binaries:
+	bash hack/node-binaries.sh
 
+# pause, the Python base and every services/*/Dockerfile as OCI archives, with buildah and no
+# registry, into ~/.cache/gpuslice/images (manifest.json lists them; see docs/images.md).
+images: setup
+	bash hack/images.sh
+
+# NODES=real: plus two real nodes (containerd + kubelet each, docs/real-node.md); default: none.
+NODES ?=
+cluster-up: setup kube-binaries $(if $(filter real,$(NODES)),node-binaries images)
+	$(PY) -m e2e.sandbox.$(if $(filter real,$(NODES)),realnode,controlplane) up
+
+# stops real nodes too, whatever NODES says
 cluster-down: setup
-	$(PY) -m e2e.sandbox.controlplane down
+	$(PY) -m e2e.sandbox.realnode down
 
 cluster-status: setup
-	$(PY) -m e2e.sandbox.controlplane status
+	$(PY) -m e2e.sandbox.realnode status
 
 clean:
 	rm -rf $(VENV) .tools .mypy_cache .ruff_cache .pytest_cache

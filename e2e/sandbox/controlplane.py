@@ -229,6 +229,10 @@ class ControlPlane:
         admin = ca.client("admin", "sandbox-admin", ("system:masters",))
         kcm_client = ca.client("kube-controller-manager", "system:kube-controller-manager")
         sched_client = ca.client("kube-scheduler", "system:kube-scheduler")
+        # what the API server presents to kubelets (logs, exec): real nodes verify it
+        kubelet_client = ca.client(
+            "apiserver-kubelet-client", "kube-apiserver-kubelet-client", ("system:masters",)
+        )
         sa = service_account_key(self.pki)
         # the front-proxy (request-header) CA and client, as kubeadm sets them up: completes the
         # extension-apiserver-authentication ConfigMap that kcm and the scheduler read, and lets
@@ -314,6 +318,8 @@ class ControlPlane:
                 "--requestheader-extra-headers-prefix=X-Remote-Extra-",
                 f"--proxy-client-cert-file={front_client.cert}",
                 f"--proxy-client-key-file={front_client.key}",
+                f"--kubelet-client-certificate={kubelet_client.cert}",
+                f"--kubelet-client-key={kubelet_client.key}",
                 f"--service-account-key-file={sa.cert}",
                 f"--service-account-signing-key-file={sa.key}",
                 "--service-account-issuer=https://kubernetes.default.svc",
