@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,9 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # pytest runs with --import-mode=importlib
     sys.path.insert(0, str(REPO_ROOT))
+
+# The kind tier (e2e/kind) runs only from hack/e2e-kind.sh, which makes the cluster it needs.
+collect_ignore = [] if os.environ.get("GPUSLICE_KIND_KUBECONFIG") else ["kind"]
 
 from e2e.sandbox.binaries import BinariesMissingError, KubeBinaries, find_binaries  # noqa: E402
 from e2e.sandbox.controlplane import (  # noqa: E402

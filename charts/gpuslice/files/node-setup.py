@@ -69,6 +69,8 @@ R='{root}'
 export LD_LIBRARY_PATH="$R/python/lib${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"
 export PYTHONHOME="$R/python"
 export PYTHONNOUSERSITE=1
+# named, not left to site.py: a distribution's Python (Debian's) looks for dist-packages
+export PYTHONPATH="$R/python/lib/{version}/site-packages"
 exec "$R/python/bin/python3" -s -m gpuslice_enforcer.hook "$@"
 """
 
@@ -228,7 +230,9 @@ def install_hook(install_dir: Path, host_dir: str) -> None:
         previous = previous_file.read_text().strip()
     keep = {rid, previous}
     root = f"{host_dir.rstrip('/')}/releases/{rid}"
-    write_atomic(wrapper, WRAPPER.format(name=HOOK_NAME, release=rid, root=root), mode=0o755)
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    text = WRAPPER.format(name=HOOK_NAME, release=rid, root=root, version=version)
+    write_atomic(wrapper, text, mode=0o755)
     log(f"{host_dir.rstrip('/')}/bin/{HOOK_NAME} runs release {rid}")
     for old in releases.iterdir():
         if old.name not in keep:

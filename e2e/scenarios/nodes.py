@@ -1,0 +1,63 @@
+"""The fake GPUs every scenario cluster has, and the chart values that give them to it.
+
+Each GPU node gets the same fake NVML node (the chart's node-setup adds the node's name, so the
+UUIDs differ per node):
+
+    gpu-0  NVIDIA L4            shares: 30 + 50 cores fit, a third 40-core share does not
+    gpu-1  NVIDIA L4            whole-GPU claims, the legacy nvidia.com/gpu pod, drains
+    gpu-2  NVIDIA L4            a claim shared by two pods, restarts
+    gpu-3  A100-SXM4-40GB       in MIG mode: 3g.20gb at 4, 2g.10gb at 0, 1g.5gb at 2 and 3
+
+The same values drive the real-node tier and kind (docs/e2e.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+SHARE_GPU = 0
+WHOLE_GPU = 1
+SHARED_CLAIM_GPU = 2
+MIG_GPU = 3
+L4_MEMORY = 24 * 1024**3  # rounded down: an L4 has 23034 MiB
+
+FAKE_NODE: dict[str, Any] = {
+    "driverVersion": "570.158.01",
+    "cudaDriverVersion": "12.8",
+    "gpus": [
+        {"model": "L4", "count": 3, "numaNode": 0},
+        {
+            "model": "A100-SXM4-40GB",
+            "numaNode": 0,
+            "migEnabled": True,
+            "migInstances": [
+                {"profile": "2g.10gb", "placement": 0},
+                {"profile": "1g.5gb", "placement": 2},
+                {"profile": "1g.5gb", "placement": 3},
+                {"profile": "3g.20gb", "placement": 4},
+            ],
+        },
+    ],
+}
+
+
+def chart_values(images: dict[str, str], *, registry: str = "") -> dict[str, Any]:
+    """Helm values for a scenario cluster: our images (service name → full reference, never
+    pulled), the fake NVML node above, the enforcer's hook under the state directory (which
+    every node of the sandbox has to itself)."""
+
+    def image(service: str) -> dict[str, str]:
+        ref = images[service]
+        repository, _, tag = ref.rpartition(":")
+        return {"repository": repository, "tag": tag, "pullPolicy": "Never"}
+
+    return {
+        "image": {"registry": registry, "pullPolicy": "Never"},
+        "nvml": {"backend": "fake", "fakeConfig": FAKE_NODE},
+        "kubeletPlugin": {"image": image("kubelet-plugin")},
+        "enforcer": {
+            "image": image("enforcer"),
+            "hook": {"hostDir": "/var/lib/gpuslice/hook"},
+        },
+        "migManager": {"image": image("mig-manager")},
+    }

@@ -1,0 +1,267 @@
+"""The end-to-end scenarios that matter to users, written once for every real cluster tier.
+
+Each scenario takes a ``Cluster`` running the gpuslice chart on nodes with the fake GPUs of
+``e2e.scenarios.nodes``, works in a namespace of its own and leaves every device free again.
+``SCENARIOS`` lists them in the order the tiers run them; e2e/tests/test_realnode_scenarios.py
+(real kubelets here) and e2e/kind/test_kind_scenarios.py (kind, users' CI) parametrize over it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from e2e.sandbox.nodeagent.testing import wait_for
+from e2e.scenarios.cluster import (
+    MIG_CLASS,
+    RESOURCE,
+    Cluster,
+    attribute,
+    request,
+    sample,
+)
+from e2e.scenarios.nodes import MIG_GPU, SHARE_GPU, SHARED_CLAIM_GPU, WHOLE_GPU
+from gpuslice_kube.raw import Obj, resource_path
+
+GIB = 1024**3
+ENFORCER_METRICS_PORT = 9402
+KUBELET_PLUGIN_METRICS_PORT = 9400
+
+
+def _allocated(cluster: Cluster, pod: Obj, pod_claim: str = "gpu") -> list[str]:
+    claim = cluster.pod_claim(pod, pod_claim)
+    return [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]]
+
+
+def exclusive_gpu(cluster: Cluster) -> None:
+    """A whole GPU: the pod runs with that GPU's UUID and nothing shares it."""
+    node = cluster.gpu_nodes[0]
+    with cluster.namespace("exclusive") as ns:
+        cluster.template(ns, "whole", request("gpu", selector=attribute("index", WHOLE_GPU)))
+        cluster.pod(ns, "whole", node, templates={"gpu": "whole"})
+        pod = cluster.running(ns, "whole")
+        [device] = cluster.devices(ns, "whole")
+        assert _allocated(cluster, pod) == [f"gpu-{WHOLE_GPU}"]
+        assert device["DEVICE"] == f"gpu-{WHOLE_GPU}" and device["UUID"].startswith("GPU-")
+        assert (device["ENFORCEMENT"], device["CORES"]) == ("exclusive", "100")
+        # the claim holds all of the GPU: a second claim for it waits
+        cluster.template(ns, "again", request("gpu", selector=attribute("index", WHOLE_GPU)))
+        cluster.pod(ns, "again", node, templates={"gpu": "again"})
+        message = cluster.unschedulable(ns, "again")
+        assert "cannot allocate all claims" in message, message
+
+
+def two_shares_and_one_that_does_not_fit(cluster: Cluster) -> None:
+    """30 + 50 cores share one GPU, each container bound to its share by the enforcer's CDI
+    hook with the claim's limits; a third 40-core share stays Pending with the reason."""
+    node = cluster.gpu_nodes[0]
+    on_gpu = attribute("index", SHARE_GPU)
+    enforcer = cluster.node_pod(node)
+    attached_before = sample(
+        cluster.metrics(enforcer, ENFORCER_METRICS_PORT),
+        "gpuslice_enforcer_attach_container_total",
+        result="success",
+    )
+    with cluster.namespace("shares") as ns:
+        for name, cores, quantity in (("s30", "30", "4Gi"), ("s50", "50", "8Gi")):
+            cluster.template(
+                ns, name, request("gpu", selector=on_gpu, cores=cores, memory=quantity)
+            )
+            cluster.pod(ns, name, node, templates={"gpu": name})
+        pods = {name: cluster.running(ns, name) for name in ("s30", "s50")}
+        got = {name: cluster.devices(ns, name) for name in pods}
+        uuids = {d["UUID"] for devices in got.values() for d in devices}
+        assert len(uuids) == 1, got  # one GPU, two shares
+        for name, cores, limit in (("s30", "30", 4 * GIB), ("s50", "50", 8 * GIB)):
+            [device] = got[name]
+            assert (device["CORES"], device["MEMORY"]) == (cores, str(limit)), device
+            assert device["ENFORCEMENT"] in ("hard", "soft"), device
+            assert device["SHARE_ID"], device
+            assert _allocated(cluster, pods[name]) == [f"gpu-{SHARE_GPU}"]
+
+        # runc ran the enforcer's createContainer hook for both containers, and the enforcer
+        # holds each share at its claim's limits
+        text = cluster.metrics(enforcer, ENFORCER_METRICS_PORT)
+        attached = sample(text, "gpuslice_enforcer_attach_container_total", result="success")
+        assert attached - attached_before >= 2, text
+        for name, expected in (("s30", 4 * GIB), ("s50", 8 * GIB)):
+            uid = got[name][0]["CLAIM_UID"]
+            held = sample(text, "gpuslice_enforcer_share_memory_limit_bytes", claim_uid=uid)
+            assert held == expected, (name, uid, held)
+
+        cluster.template(ns, "s40", request("gpu", selector=on_gpu, cores="40", memory="4Gi"))
+        cluster.pod(ns, "s40", node, templates={"gpu": "s40"})
+        message = cluster.unschedulable(ns, "s40")
+        assert "cannot allocate all claims" in message, message
+
+
+def static_mig_device(cluster: Cluster) -> None:
+    """A MIG device of a GPU in MIG mode: the pod gets that instance's UUID."""
+    node = cluster.gpu_nodes[-1]
+    with cluster.namespace("mig") as ns:
+        selector = f"{attribute('profile', '1g.5gb')} && {attribute('index', MIG_GPU)}"
+        cluster.template(ns, "mig", request("mig", MIG_CLASS, selector=selector))
+        cluster.pod(ns, "mig", node, templates={"gpu": "mig"})
+        pod = cluster.running(ns, "mig")
+        [device] = cluster.devices(ns, "mig")
+        [allocated] = _allocated(cluster, pod)
+        assert allocated.startswith(f"gpu-{MIG_GPU}-mig-1g-5gb-"), allocated
+        assert device["UUID"].startswith("MIG-") and device["ENFORCEMENT"] == "mig", device
+
+
+def legacy_extended_resource(cluster: Cluster) -> None:
+    """A pod that writes ``nvidia.com/gpu: 1`` gets a whole GPU through DRA (the DeviceClass's
+    extendedResourceName), with no ResourceClaim of its own."""
+    node = cluster.gpu_nodes[0]
+    with cluster.namespace("legacy") as ns:
+        cluster.pod(ns, "legacy", node, limits={"nvidia.com/gpu": "1"})
+        pod = cluster.running(ns, "legacy")
+        [device] = cluster.devices(ns, "legacy")
+        assert device["ENFORCEMENT"] == "exclusive" and device["CORES"] == "100", device
+        extended = pod["status"].get("extendedResourceClaimStatus") or {}
+        assert extended.get("resourceClaimName"), pod["status"]
+        claim = cluster.get_claim(ns, extended["resourceClaimName"])
+        [result] = claim["status"]["allocation"]["devices"]["results"]
+        assert result["device"] == device["DEVICE"], (result, device)
+
+
+def claim_shared_by_two_pods(cluster: Cluster) -> None:
+    """One ResourceClaim, two pods: both run on the same GPU, prepared once."""
+    node = cluster.gpu_nodes[0]
+    with cluster.namespace("shared-claim") as ns:
+        cluster.claim(ns, "team", request("gpu", selector=attribute("index", SHARED_CLAIM_GPU)))
+        for name in ("p1", "p2"):
+            cluster.pod(ns, name, node, claims={"gpu": "team"})
+        for name in ("p1", "p2"):
+            cluster.running(ns, name)
+        [a], [b] = cluster.devices(ns, "p1"), cluster.devices(ns, "p2")
+        assert a["UUID"] == b["UUID"] and a["CLAIM"] == b["CLAIM"] == f"{ns}/team", (a, b)
+        reserved = cluster.get_claim(ns, "team")["status"]["reservedFor"]
+        assert sorted(r["name"] for r in reserved) == ["p1", "p2"], reserved
+
+
+def plugin_killed_while_pods_run(cluster: Cluster) -> None:
+    """The kubelet plugin's container is killed: running pods keep their devices, the
+    container restarts and registers again, and a new pod gets a GPU after that."""
+    node = cluster.gpu_nodes[0]
+    with cluster.namespace("plugin-kill") as ns:
+        cluster.template(ns, "share", request("gpu", cores="20", memory="2Gi"))
+        cluster.pod(ns, "before", node, templates={"gpu": "share"})
+        cluster.running(ns, "before")
+        [before] = cluster.devices(ns, "before")
+
+        node_pod = cluster.node_pod(node)
+        plugin = cluster.container_status(node_pod, "kubelet-plugin")
+        cluster.ops.kill_container(node, plugin["containerID"])
+
+        def restarted() -> Obj | None:
+            status = cluster.container_status(cluster.node_pod(node), "kubelet-plugin")
+            return (
+                status
+                if status["restartCount"] > plugin["restartCount"] and status.get("ready")
+                else None
+            )
+
+        wait_for(restarted, 120, "the kubelet plugin container to restart and be ready")
+        pod = cluster.get_pod(ns, "before")
+        [main] = pod["status"]["containerStatuses"]
+        assert pod["status"]["phase"] == "Running" and main["restartCount"] == 0, main
+        assert cluster.devices(ns, "before") == [before]
+
+        cluster.pod(ns, "after", node, templates={"gpu": "share"})
+        cluster.running(ns, "after")
+        [after] = cluster.devices(ns, "after")
+        assert after["CORES"] == "20" and after["CLAIM_UID"] != before["CLAIM_UID"]
+
+
+def kubelet_restarted(cluster: Cluster) -> None:
+    """The kubelet restarts: prepared claims stay prepared (no second prepare of the claim by
+    the plugin, the pod is not restarted) and new pods still get GPUs."""
+    node = cluster.gpu_nodes[0]
+    with cluster.namespace("kubelet-restart") as ns:
+        cluster.template(ns, "share", request("gpu", cores="25", memory="2Gi"))
+        cluster.pod(ns, "before", node, templates={"gpu": "share"})
+        pod = cluster.running(ns, "before")
+        [before] = cluster.devices(ns, "before")
+        claim_uid = cluster.pod_claim(pod, "gpu")["metadata"]["uid"]
+        node_pod = cluster.node_pod(node)
+        prepared = _prepare_lines(cluster, node_pod, claim_uid)
+        assert prepared == 1, prepared
+
+        cluster.ops.restart_kubelet(node)
+
+        def ready() -> bool:
+            obj = cluster.kube.get(resource_path("v1", "nodes", name=node))
+            conditions = {c["type"]: c for c in obj["status"].get("conditions") or []}
+            return bool(conditions.get("Ready", {}).get("status") == "True")
+
+        wait_for(ready, 90, f"node {node} Ready after the kubelet restart")
+        cluster.pod(ns, "after", node, templates={"gpu": "share"})
+        cluster.running(ns, "after")
+        pod = cluster.get_pod(ns, "before")
+        [main] = pod["status"]["containerStatuses"]
+        assert pod["status"]["phase"] == "Running" and main["restartCount"] == 0, main
+        assert cluster.devices(ns, "before") == [before]
+        assert _prepare_lines(cluster, cluster.node_pod(node), claim_uid) == 1
+
+
+def _prepare_lines(cluster: Cluster, node_pod: Obj, claim_uid: str) -> int:
+    """How often the kubelet plugin did the work of preparing ``claim_uid`` (its "prepared"
+    log line; a repeated call is answered from the checkpoint without that line)."""
+    meta = node_pod["metadata"]
+    text = cluster.log(meta["namespace"], meta["name"], "kubelet-plugin")
+    return sum(
+        1 for line in text.splitlines() if '"event": "prepared"' in line and claim_uid in line
+    )
+
+
+def node_drain(cluster: Cluster) -> None:
+    """Draining a node evicts its GPU pods; their claims are released and the GPU can be
+    allocated again once the node is back."""
+    node = cluster.gpu_nodes[0]
+    nodes = resource_path("v1", "nodes", name=node)
+    with cluster.namespace("drain") as ns:
+        cluster.template(ns, "whole", request("gpu", selector=attribute("index", WHOLE_GPU)))
+        cluster.pod(ns, "before", node, templates={"gpu": "whole"})
+        pod = cluster.running(ns, "before")
+        claim_name = cluster.pod_claim(pod, "gpu")["metadata"]["name"]
+        cluster.kube.patch(nodes, {"spec": {"unschedulable": True}})
+        try:
+            cluster.create(
+                ns,
+                "pods/before/eviction",
+                {
+                    "apiVersion": "policy/v1",
+                    "kind": "Eviction",
+                    "metadata": {"name": "before", "namespace": ns},
+                },
+            )
+            cluster.delete_pod(ns, "before", timeout=90)
+            claims = resource_path(RESOURCE, "resourceclaims", namespace=ns)
+            wait_for(
+                lambda: (
+                    not any(
+                        c["metadata"]["name"] == claim_name
+                        for c in cluster.kube.list(claims)["items"]
+                    )
+                ),
+                60,
+                "the evicted pod's claim to be deleted",
+            )
+        finally:
+            cluster.kube.patch(nodes, {"spec": {"unschedulable": False}})
+        cluster.pod(ns, "after", node, templates={"gpu": "whole"})
+        cluster.running(ns, "after")
+        [device] = cluster.devices(ns, "after")
+        assert device["DEVICE"] == f"gpu-{WHOLE_GPU}", device
+
+
+SCENARIOS: list[Callable[[Cluster], None]] = [
+    exclusive_gpu,
+    two_shares_and_one_that_does_not_fit,
+    static_mig_device,
+    legacy_extended_resource,
+    claim_shared_by_two_pods,
+    plugin_killed_while_pods_run,
+    kubelet_restarted,
+    node_drain,
+]

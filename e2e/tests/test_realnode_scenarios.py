@@ -1,0 +1,138 @@
+"""The user-facing e2e scenarios on real kubelets (DESIGN.md section 5, tier 4).
+
+A control plane of its own (the chart owns the DeviceClasses, which other suites create in the
+shared sandbox), two real nodes (containerd + kubelet + runc each, e2e/sandbox/realnode.py) with
+every image of hack/images.sh imported, and `helm install` of charts/gpuslice with the fake NVML
+node of e2e/scenarios/nodes.py: the node DaemonSet runs from our images with the chart's RBAC and
+hostPath mounts, the plugin registers with the real kubelet, and `helm test` passes. Then the
+scenarios of e2e/scenarios/user.py, the same code kind runs (hack/e2e-kind.sh).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from e2e.sandbox import nodehost
+from e2e.sandbox.binaries import REPO_ROOT, KubeBinaries
+from e2e.sandbox.controlplane import ControlPlane, StartError
+from e2e.sandbox.realnode import Image, RealNodes
+from e2e.sandbox.realnode import StartError as NodeStartError
+from e2e.scenarios.chart import Installed, install
+from e2e.scenarios.cluster import Cluster
+from e2e.scenarios.nodes import chart_values
+from e2e.scenarios.user import SCENARIOS
+from gpuslice_kube.client import new_api_client
+from gpuslice_kube.raw import resource_path
+
+pytest_plugins = ("e2e.sandbox.realnode_fixtures",)
+pytestmark = pytest.mark.timeout(300)
+
+NODES = ("gpu-real-0", "gpu-real-1")
+SERVICES = ("kubelet-plugin", "enforcer", "mig-manager")
+
+
+@pytest.fixture(scope="module")
+def helm_path() -> Path:
+    out = subprocess.run(
+        ["bash", str(REPO_ROOT / "hack" / "install-helm.sh")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if out.returncode != 0:
+        pytest.fail(f"hack/install-helm.sh failed:\n{out.stderr[-2000:]}", pytrace=False)
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def chart_cluster(
+    kube_binaries: KubeBinaries,
+    real_images: dict[str, Image],
+    helm_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[Cluster, Installed, RealNodes]]:
+    run_dir = tmp_path_factory.mktemp("chart-cluster")
+    cp = ControlPlane(run_dir / "control-plane", binaries=kube_binaries)
+    try:
+        cp.start()
+    except StartError as exc:
+        pytest.fail(f"control plane did not start: {exc}", pytrace=False)
+    try:
+        try:
+            nodes_cm = RealNodes.started(cp, NODES)
+            nodes = nodes_cm.__enter__()
+        except (NodeStartError, nodehost.HostError) as exc:
+            pytest.fail(f"real nodes did not start: {exc}", pytrace=False)
+        try:
+            images = {name: real_images[name].ref for name in SERVICES}
+            installed = install(
+                helm_path, cp.kubeconfig, chart_values(images), run_dir / "values.json"
+            )
+            cluster = Cluster(
+                new_api_client(cp.kubeconfig, user_agent="gpuslice-e2e"),
+                list(NODES),
+                real_images["python-base"].ref,
+                installed.namespace,
+                nodes,
+            )
+            yield cluster, installed, nodes
+        except BaseException:
+            for node in nodes:  # what the nodes said, for the failure at hand
+                print(f"--- {node.name} kubelet log (tail)", file=sys.stderr)
+                print("\n".join(node.kubelet_log().splitlines()[-40:]), file=sys.stderr)
+            raise
+        finally:
+            nodes_cm.__exit__(None, None, None)
+    finally:
+        left = cp.stop()
+        assert not left, f"control plane left behind: {left}"
+
+
+def test_chart_runs_from_our_images_on_real_kubelets(
+    chart_cluster: tuple[Cluster, Installed, RealNodes],
+) -> None:
+    cluster, installed, nodes = chart_cluster
+    print(f"helm install --wait: {installed.seconds:.1f}s; nodes: {nodes.timings}")
+    # helm test's validation pod got the share it asked for
+    assert "PASS" in installed.test_output, installed.test_output
+    for node in NODES:
+        pod = cluster.node_pod(node)
+        statuses = {c["name"]: c for c in pod["status"]["containerStatuses"]}
+        statuses |= {c["name"]: c for c in pod["status"]["initContainerStatuses"]}
+        for service in SERVICES:
+            status = statuses[service]
+            assert status["ready"] and status["image"].endswith(
+                cluster_image(cluster, installed, service)
+            ), status
+        # the plugin registered with the real kubelet: its slices are published for the node
+        slices = cluster.kube.list(
+            resource_path("resource.k8s.io/v1", "resourceslices"),
+            field_selector=f"spec.nodeName={node}",
+        )["items"]
+        devices = sorted(d["name"] for s in slices for d in s["spec"].get("devices") or [])
+        assert devices[:3] == ["gpu-0", "gpu-1", "gpu-2"], devices
+
+
+def cluster_image(cluster: Cluster, installed: Installed, service: str) -> str:
+    ds = cluster.kube.list(resource_path("apps/v1", "daemonsets", namespace=installed.namespace))[
+        "items"
+    ][0]
+    spec = ds["spec"]["template"]["spec"]
+    for c in spec["containers"] + spec.get("initContainers", []):
+        if c["name"] == service:
+            image: str = c["image"]
+            return image
+    raise AssertionError(f"no container {service} in the DaemonSet")
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.__name__)
+def test_scenario(
+    chart_cluster: tuple[Cluster, Installed, RealNodes], scenario: Callable[[Cluster], None]
+) -> None:
+    scenario(chart_cluster[0])
