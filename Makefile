@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
 .PHONY: all setup demo inventory chart test lint typecheck imports proto proto-check unit clean \
-	kube-binaries node-binaries images cluster-up cluster-down cluster-status
+	kube-binaries node-binaries images e2e-real e2e-kind cluster-up cluster-down cluster-status
 
 all: test
 
@@ -44,7 +44,7 @@ proto: setup
 proto-check: setup
 	$(PY) hack/gen_protos.py --check
 
-unit: setup kube-binaries
+unit: setup kube-binaries node-binaries images
 	$(BIN)/pytest -q
 
 # The Helm chart: lint, render for 1.34-1.37, every object judged by the sandbox's API server.
@@ -56,6 +56,14 @@ chart: setup kube-binaries
 # The sandbox's Kubernetes binaries, built once from their Go modules into ~/.cache/gpuslice/kube.
 kube-binaries:
 	bash hack/kube-binaries.sh
+
+# The user scenarios on real kubelets with the chart installed from our images (tier 4), and
+# the same scenarios in kind where Docker exists (tier 5; here it says why it cannot run).
+e2e-real: setup kube-binaries node-binaries images
+	$(BIN)/pytest -q e2e/tests/test_realnode.py e2e/tests/test_realnode_scenarios.py
+
+e2e-kind: setup
+	bash hack/e2e-kind.sh
 
 # The real node's runtime (containerd, runc, crictl), built once from Go modules (same cache).
 node-binaries:
