@@ -10,11 +10,12 @@ import os
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from e2e.scenarios.chart import install
-from e2e.scenarios.cluster import Cluster
+from e2e.scenarios.cluster import Cluster, merged
 from e2e.scenarios.nodes import chart_values
 from e2e.scenarios.user import SCENARIOS
 from gpuslice_kube.client import new_api_client
@@ -55,12 +56,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     images: dict[str, str] = json.loads(os.environ["GPUSLICE_KIND_IMAGES"])
     api = new_api_client(kubeconfig, user_agent="gpuslice-e2e-kind")
     values = chart_values(images)
-    installed = install(
-        Path(os.environ["GPUSLICE_HELM"]),
-        kubeconfig,
-        values,
-        tmp_path_factory.mktemp("helm") / "values.json",
-    )
+    values_file = tmp_path_factory.mktemp("helm") / "values.json"
+    helm = Path(os.environ["GPUSLICE_HELM"])
+    installed = install(helm, kubeconfig, values, values_file)
+
+    def upgrade(changes: dict[str, Any]) -> None:
+        values.update(merged(values, changes))
+        install(helm, kubeconfig, values, values_file)
+
     assert "PASS" in installed.test_output, installed.test_output
     c = Cluster(
         api,
@@ -68,6 +71,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         images["kubelet-plugin"],
         installed.namespace,
         KindOps(os.environ["GPUSLICE_KIND_CLUSTER"]),
+        upgrade,
     )
     nodes = c.kube.list(resource_path("v1", "nodes"), label_selector="nvidia.com/gpu.present=true")
     c.gpu_nodes = sorted(n["metadata"]["name"] for n in nodes["items"])

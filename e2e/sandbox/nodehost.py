@@ -122,33 +122,18 @@ def _slot_in_use(slot: Slot) -> bool:
     )
 
 
-def claim(node: str, run_dir: Path, owner_pid: int) -> Slot:
+def claim(node: str, run_dir: Path, owner_pid: int, apiserver: str = "") -> Slot:
     """The lowest free slot, recorded as owned by ``owner_pid``; stale slots are given back
     first. Creates the slot's cgroups (``pods`` and ``daemons`` below it) and its bridge.
-
-    Refused while live nodes of another run dir (another control plane) hold slots: every node
-    relays the `kubernetes` Service's one ClusterIP (SERVICE_IP:443), so pods of two clusters
-    could reach each other's API server."""
+    ``apiserver`` (host:port): where the relay of the `kubernetes` Service sends this node's
+    pods (e2e/sandbox/apiproxy.py reads it from the record)."""
     with _registry_lock():
         sweep_stale(locked=True)
-        others = {
-            str(record["run_dir"])
-            for n in range(MAX_SLOTS)
-            if (record := _read_record(Slot(n))) is not None
-            and record.get("run_dir") != str(run_dir)
-            and owner_alive(record)
-        }
-        if others:
-            raise HostError(
-                f"real nodes of another sandbox run here ({', '.join(sorted(others))}); their "
-                f"pods and these would share the relay of {SERVICE_IP}:443: stop them first "
-                "(make cluster-down, or python -m e2e.sandbox.realnode down --run-dir DIR)"
-            )
         for n in range(MAX_SLOTS):
             slot = Slot(n)
             if _slot_in_use(slot):
                 continue
-            write_record(slot, node, run_dir, owner_pid)
+            write_record(slot, node, run_dir, owner_pid, apiserver)
             try:
                 _make_cgroups(slot)
                 _make_bridge(slot)
@@ -159,10 +144,16 @@ def claim(node: str, run_dir: Path, owner_pid: int) -> Slot:
     raise HostError(f"all {MAX_SLOTS} real-node slots are taken (see {REGISTRY})")
 
 
-def write_record(slot: Slot, node: str, run_dir: Path, owner_pid: int) -> None:
-    """(Re)record the slot's owner: ``up`` hands its nodes to their namespace holders."""
+def write_record(
+    slot: Slot, node: str, run_dir: Path, owner_pid: int, apiserver: str | None = None
+) -> None:
+    """(Re)record the slot's owner: ``up`` hands its nodes to their namespace holders
+    (``apiserver`` None: keep the recorded one)."""
     REGISTRY.mkdir(parents=True, exist_ok=True)
+    if apiserver is None:
+        apiserver = str((_read_record(slot) or {}).get("apiserver", ""))
     record = {
+        "apiserver": apiserver,
         "node": node,
         "run_dir": str(run_dir),
         "owner": {"pid": owner_pid, "start_time": procs.proc_start_time(owner_pid)},

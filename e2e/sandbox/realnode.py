@@ -299,6 +299,7 @@ class RealNode:
             str(Path(__file__).with_name("apiproxy.py")),
             f"--listen={nodehost.SERVICE_IP}:443",
             f"--upstream={upstream}",
+            f"--registry={nodehost.REGISTRY}",
         ]
         self.apiproxy = self._spawn("apiproxy", self._joined(argv, enter_ns=False))
 
@@ -586,7 +587,8 @@ def start_real_nodes(
     real = RealNodes(cp, nodes)
     try:
         for node in nodes:
-            node.prepare(nodehost.claim(node.name, run_dir, os.getpid()))
+            upstream = cp.server.removeprefix("https://")
+            node.prepare(nodehost.claim(node.name, run_dir, os.getpid(), upstream))
         real.start(import_names)
     except BaseException:
         real.stop()

@@ -4,8 +4,7 @@
     pytest_plugins = ("e2e.sandbox.realnode_fixtures",)
 
 - ``real_nodes``: two real nodes (``real-0``, ``real-1``: containerd + kubelet each, every image
-  of hack/images.sh imported) for one test module, stopped at its end, and the stop checked
-  (module scope: only one control plane's real nodes may run at a time, nodehost.claim);
+  of hack/images.sh imported) for one test module, stopped at its end, and the stop checked;
 - ``real_images``: the images of hack/images.sh's manifest, by name.
 
 Where the machine cannot run real nodes at all (not root, no cgroup v1) the tests are skipped

@@ -10,9 +10,9 @@ the services' own metrics through the API server's proxy.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from kubernetes.client import ApiClient, CoreV1Api
 
@@ -47,7 +47,9 @@ class Cluster:
 
     ``gpu_nodes``: the nodes our DaemonSet runs on; ``image``: a workload image with sh, env,
     grep and sleep that the nodes already have (pods use imagePullPolicy Never);
-    ``release_namespace``: where the chart is installed.
+    ``release_namespace``: where the chart is installed; ``upgrade``: `helm upgrade` of the
+    release with these values merged into the installed ones (waits until the node pods are
+    ready again).
     """
 
     api_client: ApiClient
@@ -55,6 +57,7 @@ class Cluster:
     image: str
     release_namespace: str
     ops: NodeOps
+    upgrade: Callable[[dict[str, Any]], None]
     kube: RawApi = field(init=False)
     core: CoreV1Api = field(init=False)
 
@@ -135,26 +138,33 @@ class Cluster:
         templates: dict[str, str] | None = None,
         claims: dict[str, str] | None = None,
         limits: dict[str, str] | None = None,
+        containers: dict[str, list[Obj]] | None = None,
     ) -> Obj:
         """A workload pod on ``node``. ``templates``/``claims``: pod claim name → template or
-        claim name; the one container names every pod claim. ``limits``: extended resources."""
+        claim name. ``containers``: container name → its ``resources.claims`` entries (default:
+        one container ``main`` that names every pod claim). ``limits``: extended resources."""
         refs = [{"name": n, "resourceClaimTemplateName": t} for n, t in (templates or {}).items()]
         refs += [{"name": n, "resourceClaimName": c} for n, c in (claims or {}).items()]
-        container: Obj = {
-            "name": "main",
-            "image": self.image,
-            "imagePullPolicy": "Never",
-            "command": ["sh", "-c", ENV_SCRIPT],
-            "resources": {},
-        }
-        if refs:
-            container["resources"]["claims"] = [{"name": r["name"]} for r in refs]
-        if limits:
-            container["resources"]["limits"] = limits
+        if containers is None:
+            containers = {"main": [{"name": r["name"]} for r in refs]}
+        specs: list[Obj] = []
+        for cname, claim_refs in containers.items():
+            container: Obj = {
+                "name": cname,
+                "image": self.image,
+                "imagePullPolicy": "Never",
+                "command": ["sh", "-c", ENV_SCRIPT],
+                "resources": {},
+            }
+            if claim_refs:
+                container["resources"]["claims"] = claim_refs
+            if limits:
+                container["resources"]["limits"] = limits
+            specs.append(container)
         spec: Obj = {
             "nodeSelector": {"kubernetes.io/hostname": node},
             "terminationGracePeriodSeconds": 1,
-            "containers": [container],
+            "containers": specs,
         }
         if refs:
             spec["resourceClaims"] = refs
@@ -273,6 +283,17 @@ def sample(text: str, name: str, **labels: str) -> float:
         if all(found.get(k, "").strip('"') == v for k, v in labels.items()):
             total += float(value)
     return total
+
+
+def merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``changes`` merged in, map by map (as helm merges values files)."""
+    out = dict(base)
+    for key, value in changes.items():
+        old = out.get(key)
+        out[key] = (
+            merged(old, value) if isinstance(old, dict) and isinstance(value, dict) else value
+        )
+    return out
 
 
 def request(

@@ -108,6 +108,59 @@ def static_mig_device(cluster: Cluster) -> None:
         assert device["UUID"].startswith("MIG-") and device["ENFORCEMENT"] == "mig", device
 
 
+def each_container_sees_its_requests(cluster: Cluster) -> None:
+    """A container gets exactly the devices of the requests it names, through containerd's CDI
+    injection: four MIG devices of one claim in four containers, one container naming two of
+    them, and a whole GPU and a share of one claim in two containers (issue 19's shapes)."""
+    node = cluster.gpu_nodes[-1]
+    on_mig = attribute("index", MIG_GPU)
+    profiles = {"a": "2g.10gb", "b": "1g.5gb", "c": "1g.5gb", "d": "3g.20gb"}
+    with cluster.namespace("isolation") as ns:
+        cluster.template(
+            ns,
+            "quad",
+            *(
+                request(r, MIG_CLASS, selector=f"{on_mig} && {attribute('profile', p)}")
+                for r, p in profiles.items()
+            ),
+        )
+        containers = {f"mig-{r}": [{"name": "quad", "request": r}] for r in profiles}
+        containers["mig-ad"] = [{"name": "quad", "request": "a"}, {"name": "quad", "request": "d"}]
+        cluster.pod(ns, "quad", node, templates={"quad": "quad"}, containers=containers)
+        cluster.running(ns, "quad")
+        seen: dict[str, list[dict[str, str]]] = {
+            c: cluster.devices(ns, "quad", c) for c in containers
+        }
+        for r in profiles:
+            [device] = seen[f"mig-{r}"]
+            assert device["REQUEST"] == r and device["UUID"].startswith("MIG-"), (r, seen)
+        uuids = {seen[f"mig-{r}"][0]["UUID"] for r in profiles}
+        assert len(uuids) == 4, seen  # four different instances
+        both = sorted(d["REQUEST"] for d in seen["mig-ad"])
+        assert both == ["a", "d"], seen["mig-ad"]
+
+        cluster.template(
+            ns,
+            "mixed",
+            request("whole", selector=attribute("index", WHOLE_GPU)),
+            request("share", selector=attribute("index", SHARE_GPU), cores="20", memory="2Gi"),
+        )
+        split = {c: [{"name": "mixed", "request": c}] for c in ("whole", "share")}
+        cluster.pod(
+            ns, "mixed", cluster.gpu_nodes[0], templates={"mixed": "mixed"}, containers=split
+        )
+        cluster.running(ns, "mixed")
+        [whole] = cluster.devices(ns, "mixed", "whole")
+        [share] = cluster.devices(ns, "mixed", "share")
+        assert (whole["REQUEST"], whole["CORES"], whole["ENFORCEMENT"]) == (
+            "whole",
+            "100",
+            "exclusive",
+        ), whole
+        assert (share["REQUEST"], share["CORES"]) == ("share", "20"), share
+        assert share["ENFORCEMENT"] in ("hard", "soft") and share["SHARE_ID"], share
+
+
 def legacy_extended_resource(cluster: Cluster) -> None:
     """A pod that writes ``nvidia.com/gpu: 1`` gets a whole GPU through DRA (the DeviceClass's
     extendedResourceName), with no ResourceClaim of its own."""
@@ -255,13 +308,50 @@ def node_drain(cluster: Cluster) -> None:
         assert device["DEVICE"] == f"gpu-{WHOLE_GPU}", device
 
 
+def dynamic_mig(cluster: Cluster) -> None:
+    """Switching the chart to dynamic MIG: the MIG manager destroys the instances no claim owns,
+    the plugin publishes every placement, an instance is created when a claim is prepared and
+    destroyed when it is released (a whole-GPU 7g.40gb fits again afterwards). Runs last: it
+    leaves the release in dynamic mode."""
+    node = cluster.gpu_nodes[-1]
+    cluster.upgrade({"migManager": {"dynamic": True}})
+    placement = f"gpu-{MIG_GPU}-mig-3g-20gb-0"  # overlaps the static 2g.10gb at 0: dynamic only
+
+    def published() -> bool:
+        slices = cluster.kube.list(
+            resource_path(RESOURCE, "resourceslices"), field_selector=f"spec.nodeName={node}"
+        )["items"]
+        return any(d["name"] == placement for s in slices for d in s["spec"].get("devices") or [])
+
+    wait_for(published, 90, f"the dynamic MIG placement {placement} published on {node}")
+    on_mig_gpu = attribute("index", MIG_GPU)
+    with cluster.namespace("dynamic-mig") as ns:
+        for name, profile in (("half", "3g.20gb"), ("whole", "7g.40gb")):
+            selector = f"{on_mig_gpu} && {attribute('profile', profile)}"
+            cluster.template(ns, name, request("mig", MIG_CLASS, selector=selector))
+        cluster.pod(ns, "half", node, templates={"gpu": "half"})
+        pod = cluster.running(ns, "half")
+        [device] = cluster.devices(ns, "half")
+        [allocated] = _allocated(cluster, pod)
+        assert allocated.startswith(f"gpu-{MIG_GPU}-mig-3g-20gb-"), allocated
+        assert device["UUID"].startswith("MIG-") and device["DEVICE"] == allocated, device
+        cluster.delete_pod(ns, "half")
+        # the 3g.20gb instance is gone with its claim: the whole GPU fits in one instance now
+        cluster.pod(ns, "whole", node, templates={"gpu": "whole"})
+        cluster.running(ns, "whole", timeout=120)
+        [device] = cluster.devices(ns, "whole")
+        assert device["DEVICE"] == f"gpu-{MIG_GPU}-mig-7g-40gb-0", device
+
+
 SCENARIOS: list[Callable[[Cluster], None]] = [
     exclusive_gpu,
     two_shares_and_one_that_does_not_fit,
     static_mig_device,
+    each_container_sees_its_requests,
     legacy_extended_resource,
     claim_shared_by_two_pods,
     plugin_killed_while_pods_run,
     kubelet_restarted,
     node_drain,
+    dynamic_mig,
 ]

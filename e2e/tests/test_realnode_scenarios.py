@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,7 +24,7 @@ from e2e.sandbox.controlplane import ControlPlane, StartError
 from e2e.sandbox.realnode import Image, RealNodes
 from e2e.sandbox.realnode import StartError as NodeStartError
 from e2e.scenarios.chart import Installed, install
-from e2e.scenarios.cluster import Cluster
+from e2e.scenarios.cluster import Cluster, merged
 from e2e.scenarios.nodes import chart_values
 from e2e.scenarios.user import SCENARIOS
 from gpuslice_kube.client import new_api_client
@@ -71,15 +72,20 @@ def chart_cluster(
             pytest.fail(f"real nodes did not start: {exc}", pytrace=False)
         try:
             images = {name: real_images[name].ref for name in SERVICES}
-            installed = install(
-                helm_path, cp.kubeconfig, chart_values(images), run_dir / "values.json"
-            )
+            values = chart_values(images)
+            installed = install(helm_path, cp.kubeconfig, values, run_dir / "values.json")
+
+            def upgrade(changes: dict[str, Any]) -> None:
+                values.update(merged(values, changes))
+                install(helm_path, cp.kubeconfig, values, run_dir / "values.json")
+
             cluster = Cluster(
                 new_api_client(cp.kubeconfig, user_agent="gpuslice-e2e"),
                 list(NODES),
                 real_images["python-base"].ref,
                 installed.namespace,
                 nodes,
+                upgrade,
             )
             yield cluster, installed, nodes
         except BaseException:

@@ -3,6 +3,7 @@ the missing-binaries message, process and port bookkeeping."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 
 from e2e.sandbox import flags, procs
+from e2e.sandbox.apiproxy import upstream_for
 from e2e.sandbox.binaries import SCRIPT, BinariesMissingError, find_binaries, pinned_versions
 from e2e.sandbox.certs import TinyCA, service_account_key
 
@@ -132,3 +134,16 @@ def test_process_group_is_stopped_and_port_freed(tmp_path: Path) -> None:
     assert procs.stop([p], grace=5.0) == []
     assert not p.alive()
     assert procs.port_is_free(port)
+
+
+def test_service_relay_picks_the_api_server_of_the_pods_node(tmp_path: Path) -> None:
+    """Every real node's relay of 10.0.0.1:443 may take any pod's connection: the API server is
+    chosen by the pod's subnet (slot n: 10.244.n.0/24) from that slot's registry record."""
+    (tmp_path / "slot-3.json").write_text(json.dumps({"apiserver": "127.0.0.1:41234"}))
+    (tmp_path / "slot-5.json").write_text("{not json")
+    default = ("127.0.0.1", 6443)
+    assert upstream_for("10.244.3.7", tmp_path, default) == ("127.0.0.1", 41234)
+    assert upstream_for("10.244.4.2", tmp_path, default) == default  # no record
+    assert upstream_for("10.244.5.2", tmp_path, default) == default  # unreadable record
+    assert upstream_for("127.0.0.1", tmp_path, default) == default  # not a pod
+    assert upstream_for("10.244.3.7", None, default) == default
