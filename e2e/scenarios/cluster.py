@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from kubernetes.client import ApiClient, CoreV1Api
 
+from e2e.sandbox.gpunode import claim_request
 from e2e.sandbox.nodeagent.testing import summary, unique, wait_for, wait_pod_phase
 from gpuslice_kube.errors import KubeNotFoundError
 from gpuslice_kube.raw import Obj, RawApi, resource_path
@@ -300,12 +301,7 @@ def request(
     name: str, device_class: str = GPU_CLASS, selector: str | None = None, **capacity: str
 ) -> Obj:
     """One ``exactly`` request (``capacity``: cores and memory to ask for)."""
-    exactly: Obj = {"deviceClassName": device_class}
-    if selector:
-        exactly["selectors"] = [{"cel": {"expression": selector}}]
-    if capacity:
-        exactly["capacity"] = {"requests": capacity}
-    return {"name": name, "exactly": exactly}
+    return claim_request(name, device_class, selector, **capacity)
 
 
 def attribute(name: str, value: object) -> str:
