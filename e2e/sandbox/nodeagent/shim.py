@@ -87,7 +87,11 @@ def main(argv: list[str]) -> int:
             },
         )
         return 0
-    Path(config["pid_file"]).write_text(str(child.pid))
+    # atomically: the runtime takes the file's existence for "started" and reads it at once
+    pid_file = Path(config["pid_file"])
+    pid_tmp = pid_file.with_name(pid_file.name + ".tmp")
+    pid_tmp.write_text(str(child.pid))
+    pid_tmp.replace(pid_file)
     while True:
         code = child.poll()
         if code is not None:
