@@ -1,0 +1,219 @@
+"""``gpuslice-device-plugin``: flags (each with an environment variable) and the entry point.
+
+Flags that NVIDIA's plugin also has keep its names and variables (``--mig-strategy`` /
+``MIG_STRATEGY``, ``--device-list-strategy`` / ``DEVICE_LIST_STRATEGY``, ...). Those have no
+default of their own: unset, the config file's value applies, else the built-in default that
+the help text names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+from gpuslice_core.cli import EnvArgumentParser, parse_bool
+from gpuslice_core.grpcserver import check_health
+from gpuslice_core.logging import LEVELS, configure, get_logger
+from gpuslice_device_plugin import __version__
+from gpuslice_device_plugin.config import (
+    ID_STRATEGIES,
+    MIG_STRATEGIES,
+    ConfigError,
+    load_config_file,
+    resolve,
+)
+from gpuslice_device_plugin.health import APP_XIDS
+from gpuslice_nvml import add_nvml_arguments
+
+PROG = "gpuslice-device-plugin"
+DEFAULT_DIR = "/var/lib/kubelet/device-plugins"
+log = get_logger(__name__)
+
+
+def _xids(value: str) -> frozenset[int]:
+    try:
+        return frozenset(int(x) for x in value.split(",") if x.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a comma-separated list of XID numbers"
+        ) from exc
+
+
+def _seconds(value: str) -> float:
+    number = float(value)
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"{value!r} must be a positive number of seconds")
+    return number
+
+
+def _bool(value: str) -> bool:
+    try:
+        return parse_bool(value, name="value")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def build_parser() -> EnvArgumentParser:
+    p = EnvArgumentParser(
+        prog=PROG,
+        description=(
+            "The gpuslice device plugin for nodes in device-plugin mode: advertises this"
+            " node's GPUs (and MIG devices) as nvidia.com/gpu and nvidia.com/mig-<profile>"
+            " through the kubelet device plugin API v1beta1, drop-in for NVIDIA's"
+            " k8s-device-plugin (same config file format), with health that recovers."
+        ),
+    )
+    p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    p.add_argument(
+        "--probe",
+        action="store_true",
+        help=(
+            "Check the health service behind each gpuslice-*.sock in --device-plugins-dir and"
+            " exit 0 when there is one and all answer SERVING, 1 otherwise (liveness probe)."
+        ),
+    )
+    add_nvml_arguments(p)
+    p.add_flag(
+        "--device-plugins-dir",
+        env="DEVICE_PLUGINS_DIR",
+        default=DEFAULT_DIR,
+        help=(
+            "The kubelet's device-plugins directory: kubelet.sock is there, and this plugin"
+            " puts its sockets there."
+        ),
+    )
+    p.add_flag(
+        "--config-file",
+        env="CONFIG_FILE",
+        help=(
+            "Path of a config file in NVIDIA's version v1 format (flags, sharing.timeSlicing);"
+            " a key this plugin does not support stops start-up with a message naming it."
+        ),
+    )
+    p.add_flag(
+        "--mig-strategy",
+        env="MIG_STRATEGY",
+        choices=MIG_STRATEGIES,
+        help="How MIG devices are advertised: none, single or mixed (default: none).",
+    )
+    p.add_flag(
+        "--fail-on-init-error",
+        env="FAIL_ON_INIT_ERROR",
+        type=_bool,
+        help=(
+            "Exit when NVML or device discovery fails (default: true); false waits without"
+            " advertising anything, for nodes without GPUs."
+        ),
+    )
+    p.add_flag(
+        "--device-list-strategy",
+        env="DEVICE_LIST_STRATEGY",
+        help=(
+            "How Allocate hands devices to containers: envvar, volume-mounts, cdi-annotations"
+            " or cdi-cri, several separated by commas (default: envvar)."
+        ),
+    )
+    p.add_flag(
+        "--device-id-strategy",
+        env="DEVICE_ID_STRATEGY",
+        choices=ID_STRATEGIES,
+        help="Device IDs are GPU/MIG UUIDs (uuid) or indexes (index) (default: uuid).",
+    )
+    p.add_flag(
+        "--pass-device-specs",
+        env="PASS_DEVICE_SPECS",
+        type=_bool,
+        help="Return the /dev/nvidia* device nodes in Allocate (default: false).",
+    )
+    p.add_flag(
+        "--shared-allocation-policy",
+        env="SHARED_ALLOCATION_POLICY",
+        default="distributed",
+        choices=("distributed", "packed"),
+        help=(
+            "Preferred allocation of time-slicing replicas and MIG devices: spread over the"
+            " least used GPUs (distributed) or fill the most used first (packed)."
+        ),
+    )
+    p.add_bool_flag(
+        "--health-recovery",
+        env="HEALTH_RECOVERY",
+        default=True,
+        help="Mark devices Healthy again once their GPU has recovered.",
+    )
+    p.add_flag(
+        "--xid-quiet-period",
+        env="XID_QUIET_PERIOD",
+        type=_seconds,
+        default=300.0,
+        help="Seconds without a repeated XID after which its devices are Healthy again.",
+    )
+    p.add_flag(
+        "--health-check-interval",
+        env="HEALTH_CHECK_INTERVAL",
+        type=_seconds,
+        default=10.0,
+        help="Seconds between recovery checks of unhealthy GPUs.",
+    )
+    p.add_flag(
+        "--ignored-xids",
+        env="IGNORED_XIDS",
+        type=_xids,
+        default=",".join(str(x) for x in sorted(APP_XIDS)),
+        help="XIDs caused by applications, which leave the devices Healthy.",
+    )
+    p.add_flag(
+        "--metrics-addr",
+        env="METRICS_ADDR",
+        default=":9404",
+        help="HOST:PORT of the Prometheus /metrics endpoint; an empty value turns it off.",
+    )
+    p.add_flag(
+        "--log-level", env="LOG_LEVEL", default="info", choices=LEVELS, help="Lowest level logged."
+    )
+    return p
+
+
+def probe(directory: Path) -> int:
+    sockets = sorted(directory.glob("gpuslice-*.sock"))
+    return 0 if sockets and all(check_health(s) for s in sockets) else 1
+
+
+def _wait_for_stop() -> int:
+    done = threading.Event()
+    received: list[int] = []
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        received.append(signum)
+        done.set()
+
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+        signal.signal(s, handler)
+    done.wait()
+    return received[0]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.probe:
+        return probe(Path(args.device_plugins_dir))
+    configure(component="device-plugin", level=args.log_level)
+    try:
+        file = load_config_file(args.config_file) if args.config_file else None
+        settings = resolve(args, file)
+    except ConfigError as exc:
+        log.error("invalid configuration", error=str(exc))
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+    from gpuslice_device_plugin.run import run
+
+    return run(args, settings, _wait_for_stop)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""Prometheus metrics of the device plugin.
+
+- ``gpuslice_device_plugin_allocate_total{result}`` and ``..._duration_seconds``;
+- ``gpuslice_device_plugin_preferred_allocation_total{result}`` and ``..._duration_seconds``;
+- ``gpuslice_device_plugin_register_total{result}``: Register calls to the kubelet;
+- ``gpuslice_device_plugin_devices{resource,health}``: devices advertised, by health;
+- ``gpuslice_device_plugin_health_events_total{kind}``: NVML health events seen.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from gpuslice_core.metrics import OperationMetrics
+
+COMPONENT = "device_plugin"
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.allocate = OperationMetrics(COMPONENT, "allocate", "Allocate calls", self.registry)
+        self.preferred = OperationMetrics(
+            COMPONENT, "preferred_allocation", "GetPreferredAllocation calls", self.registry
+        )
+        self.register = Counter(
+            "gpuslice_device_plugin_register_total",
+            "Register calls to the kubelet, by result.",
+            ["result"],
+            registry=self.registry,
+        )
+        self.devices = Gauge(
+            "gpuslice_device_plugin_devices",
+            "Devices advertised to the kubelet, by resource and health.",
+            ["resource", "health"],
+            registry=self.registry,
+        )
+        self.health_events = Counter(
+            "gpuslice_device_plugin_health_events_total",
+            "NVML health events seen, by kind.",
+            ["kind"],
+            registry=self.registry,
+        )

@@ -1,0 +1,49 @@
+"""Test helpers shared by the unit tests and the e2e suite: fake node layouts and settings."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpuslice_device_plugin.cli import build_parser
+from gpuslice_device_plugin.config import ConfigFile, Settings, parse_config, resolve
+
+#: 8 H100s; GPUs 0-3 NVLinked all-to-all, 4-7 too; 4-7 on NUMA node 1.
+H100X8_NVLINK: dict[str, Any] = {
+    "gpus": [
+        {"model": "H100", "count": 4, "numaNode": 0},
+        {"model": "H100", "count": 4, "numaNode": 1},
+    ],
+    "topology": {
+        "nvlink": [{"gpus": [0, 1, 2, 3], "links": 18}, {"gpus": [4, 5, 6, 7], "links": 18}]
+    },
+}
+#: 2 plain H100s and 2 in MIG mode.
+H100_MIXED: dict[str, Any] = {
+    "gpus": [
+        {"model": "H100", "count": 2},
+        {
+            "model": "H100",
+            "count": 2,
+            "migEnabled": True,
+            "migInstances": [{"profile": "3g.40gb"}, {"profile": "1g.10gb", "count": 2}],
+        },
+    ]
+}
+
+
+def write_node(directory: Path, doc: dict[str, Any], name: str) -> Path:
+    """A fake NVML config (``gpus``/``topology`` from ``doc``) with its state file next to it."""
+    path = directory / f"{name}-nvml.yaml"
+    path.write_text(yaml.safe_dump({"name": name, "statePath": f"{name}-state.json", **doc}))
+    return path
+
+
+def settings(config: str = "", *argv: str) -> Settings:
+    """The effective settings for a config file text and command-line flags."""
+    args: argparse.Namespace = build_parser().parse_args(list(argv))
+    file: ConfigFile | None = parse_config(config) if config else None
+    return resolve(args, file)

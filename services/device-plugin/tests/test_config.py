@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+import pytest
+
+from gpuslice_device_plugin.config import ConfigError, parse_config
+from gpuslice_device_plugin.testing import settings
+
+NVIDIA_EXAMPLE = """
+version: v1
+flags:
+  migStrategy: mixed
+  failOnInitError: true
+  plugin:
+    passDeviceSpecs: false
+    deviceListStrategy: envvar
+    deviceIDStrategy: uuid
+sharing:
+  timeSlicing:
+    renameByDefault: true
+    failRequestsGreaterThanOne: true
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 10
+"""
+
+
+def test_nvidia_example_is_read() -> None:
+    s = settings(NVIDIA_EXAMPLE)
+    assert s.mig_strategy == "mixed"
+    assert s.device_list_strategies == ("envvar",)
+    ts = s.time_slicing
+    assert ts.renameByDefault and ts.failRequestsGreaterThanOne
+    assert [(r.name, r.replicas) for r in ts.resources] == [("nvidia.com/gpu", 10)]
+
+
+def test_defaults_without_a_file() -> None:
+    s = settings()
+    assert (s.mig_strategy, s.device_id_strategy, s.fail_on_init_error) == ("none", "uuid", True)
+    assert s.device_list_strategies == ("envvar",)
+    assert not s.pass_device_specs
+
+
+def test_flags_win_over_the_file() -> None:
+    s = settings(NVIDIA_EXAMPLE, "--mig-strategy=single", "--device-list-strategy=cdi-cri,envvar")
+    assert s.mig_strategy == "single"
+    assert s.device_list_strategies == ("cdi-cri", "envvar")
+
+
+def test_list_strategy_may_be_a_list_and_names_without_domain_get_nvidia() -> None:
+    s = settings(
+        "flags: {plugin: {deviceListStrategy: [cdi-annotations, cdi-cri]}}\n"
+        "sharing: {timeSlicing: {resources: [{name: gpu, replicas: 2}]}}"
+    )
+    assert s.device_list_strategies == ("cdi-annotations", "cdi-cri")
+    assert s.cdi_only
+    assert s.time_slicing.resources[0].name == "nvidia.com/gpu"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("flags: {migStrategy: none, bogus: 1}", "flags.bogus: unknown key; allowed keys here"),
+        ("sharing: {mps: {resources: []}}", "sharing.mps: MPS sharing is not supported yet"),
+        ("flags: {nvidiaDriverRoot: /}", "flags.nvidiaDriverRoot: the driver root"),
+        (
+            "sharing: {timeSlicing: {resources: [{name: x, replicas: 2, devices: all}]}}",
+            "sharing.timeSlicing.resources[0].devices: device selection is not supported",
+        ),
+        ("version: v2", "version:"),
+        ("flags: {migStrategy: some}", "flags.migStrategy:"),
+        (
+            "sharing: {timeSlicing: {resources: [{name: gpu, replicas: 1}]}}",
+            "sharing.timeSlicing.resources[0].replicas: ",
+        ),
+        ("flags: {plugin: {deviceListStrategy: volumes}}", "flags.plugin.deviceListStrategy"),
+        ("flags: {migStrategy: none}\nflags: {}", "duplicate key 'flags'"),
+    ],
+)
+def test_bad_files_are_refused_naming_the_key(text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(text, source="cfg.yaml")
+    assert message in str(err.value)
+    assert str(err.value).startswith("cfg.yaml: ")
+
+
+def test_bad_list_strategy_flag() -> None:
+    with pytest.raises(ConfigError, match="'volumes' is not one of"):
+        settings("", "--device-list-strategy=volumes")
