@@ -22,6 +22,7 @@ from gpuslice_kube.client import new_api_client
 from gpuslice_kube.raw import resource_path
 
 pytestmark = pytest.mark.timeout(600)
+MODE = "gpuslice.dev/mode"  # the chart's per-node choice: DRA or device plugin
 
 
 class KindOps:
@@ -74,7 +75,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         upgrade,
     )
     nodes = c.kube.list(resource_path("v1", "nodes"), label_selector="nvidia.com/gpu.present=true")
-    c.gpu_nodes = sorted(n["metadata"]["name"] for n in nodes["items"])
+    mode = {n["metadata"]["name"]: n["metadata"]["labels"].get(MODE) for n in nodes["items"]}
+    c.gpu_nodes = sorted(n for n, m in mode.items() if m != "device-plugin")
+    c.device_plugin_nodes = sorted(n for n, m in mode.items() if m == "device-plugin")
     yield c
 
 

@@ -28,7 +28,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,8 +155,10 @@ class RealNode:
         images: dict[str, Image],
         owned: bool = True,
         verbosity: int = 2,
+        labels: Mapping[str, str] | None = None,
     ) -> None:
         self.cp = cp
+        self.labels = {**LABELS, **(labels or {})}
         self.name = name
         self.dir = node_dir.resolve()
         for overlaid in OVERLAID:
@@ -322,7 +324,7 @@ class RealNode:
                 self.ctr("images", "import", "--no-unpack", str(image.archive), timeout=300)
 
     def kubelet_argv(self) -> list[str]:
-        labels = ",".join(f"{k}={v}" for k, v in LABELS.items())
+        labels = ",".join(f"{k}={v}" for k, v in self.labels.items())
         return [
             str(self.kube.path("kubelet")),
             f"--config={self.kubelet_config}",
@@ -570,9 +572,11 @@ def start_real_nodes(
     images_manifest: Path | None = None,
     import_names: Sequence[str] | None = None,
     owned: bool = True,
+    labels: Mapping[str, Mapping[str, str]] | None = None,
 ) -> RealNodes:
     """Start real nodes ``names`` on ``cp`` under ``run_dir/nodes/<name>`` (default: the control
-    plane's run dir) and wait until every one is Ready. On failure nothing is left behind."""
+    plane's run dir) and wait until every one is Ready. ``labels``: node name → node labels on
+    top of LABELS. On failure nothing is left behind."""
     check_host()
     node_bin = find_node_binaries()
     images = find_images(images_manifest)
@@ -580,7 +584,14 @@ def start_real_nodes(
     base = run_dir / "nodes"
     nodes = [
         RealNode(
-            cp, name, base / name, kube=cp.binaries, node_bin=node_bin, images=images, owned=owned
+            cp,
+            name,
+            base / name,
+            kube=cp.binaries,
+            node_bin=node_bin,
+            images=images,
+            owned=owned,
+            labels=(labels or {}).get(name),
         )
         for name in names
     ]

@@ -53,7 +53,7 @@ def install(
     *,
     release: str = RELEASE,
     namespace: str = NAMESPACE,
-    wait: str = "240s",
+    wait: str = "360s",
 ) -> Installed:
     """`helm upgrade --install --wait` with ``values`` (written to ``values_file``, as a user
     keeps them), then `helm test --logs`, whose validation pod asks for a GPU share."""

@@ -46,7 +46,9 @@ class NodeOps(Protocol):
 class Cluster:
     """A cluster running the gpuslice chart with the fake NVML config of ``e2e.scenarios.nodes``.
 
-    ``gpu_nodes``: the nodes our DaemonSet runs on; ``image``: a workload image with sh, env,
+    ``gpu_nodes``: the nodes our DRA node DaemonSet runs on; ``device_plugin_nodes``: the
+    nodes labelled gpuslice.dev/mode=device-plugin, where the device plugin runs instead
+    (empty where the cluster has none); ``image``: a workload image with sh, env,
     grep and sleep that the nodes already have (pods use imagePullPolicy Never);
     ``release_namespace``: where the chart is installed; ``upgrade``: `helm upgrade` of the
     release with these values merged into the installed ones (waits until the node pods are
@@ -59,6 +61,7 @@ class Cluster:
     release_namespace: str
     ops: NodeOps
     upgrade: Callable[[dict[str, Any]], None]
+    device_plugin_nodes: list[str] = field(default_factory=list)
     kube: RawApi = field(init=False)
     core: CoreV1Api = field(init=False)
 
@@ -241,16 +244,19 @@ class Cluster:
     # ---- our node pods -------------------------------------------------------------------
     def node_pod(self, node: str) -> Obj:
         """The gpuslice node pod (DaemonSet) on ``node``."""
-        pods = self.kube.list(
-            resource_path("v1", "pods", namespace=self.release_namespace),
-            label_selector="app.kubernetes.io/component=node",
-            field_selector=f"spec.nodeName={node}",
-        )["items"]
-        running = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        running = self.component_pods(node, "node")
         if len(running) != 1:
             raise AssertionError(f"{len(running)} gpuslice node pods on {node}")
-        pod: Obj = running[0]
-        return pod
+        return running[0]
+
+    def component_pods(self, node: str, component: str) -> list[Obj]:
+        """The release's pods of one component (node, device-plugin) on ``node``."""
+        pods: list[Obj] = self.kube.list(
+            resource_path("v1", "pods", namespace=self.release_namespace),
+            label_selector=f"app.kubernetes.io/component={component}",
+            field_selector=f"spec.nodeName={node}",
+        )["items"]
+        return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
 
     def container_status(self, pod: Obj, container: str) -> Obj:
         status = pod.get("status") or {}

@@ -8,6 +8,9 @@ UUIDs differ per node):
     gpu-2  NVIDIA L4            a claim shared by two pods, restarts
     gpu-3  A100-SXM4-40GB       in MIG mode: 3g.20gb at 4, 2g.10gb at 0, 1g.5gb at 2 and 3
 
+Nodes labelled gpuslice.dev/mode=device-plugin get the same fake node through the device
+plugin instead: four nvidia.com/gpu (MIG strategy none counts the MIG GPU as one).
+
 The same values drive the real-node tier and kind (docs/e2e.md).
 """
 
@@ -41,6 +44,11 @@ FAKE_NODE: dict[str, Any] = {
 }
 
 
+def gpu_count() -> int:
+    """The GPUs of FAKE_NODE (a GPU entry without ``count`` is one)."""
+    return sum(int(g.get("count", 1)) for g in FAKE_NODE["gpus"])
+
+
 def chart_values(images: dict[str, str], *, registry: str = "") -> dict[str, Any]:
     """Helm values for a scenario cluster: our images (service name → full reference, never
     pulled), the fake NVML node above, the enforcer's hook under the state directory (which
@@ -60,4 +68,7 @@ def chart_values(images: dict[str, str], *, registry: str = "") -> dict[str, Any
             "hook": {"hostDir": "/var/lib/gpuslice/hook"},
         },
         "migManager": {"image": image("mig-manager")},
+        **(
+            {"devicePlugin": {"image": image("device-plugin")}} if "device-plugin" in images else {}
+        ),
     }

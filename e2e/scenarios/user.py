@@ -19,7 +19,7 @@ from e2e.scenarios.cluster import (
     request,
     sample,
 )
-from e2e.scenarios.nodes import MIG_GPU, SHARE_GPU, SHARED_CLAIM_GPU, WHOLE_GPU
+from e2e.scenarios.nodes import MIG_GPU, SHARE_GPU, SHARED_CLAIM_GPU, WHOLE_GPU, gpu_count
 from gpuslice_kube.raw import Obj, resource_path
 
 GIB = 1024**3
@@ -343,6 +343,32 @@ def dynamic_mig(cluster: Cluster) -> None:
         assert device["DEVICE"] == f"gpu-{MIG_GPU}-mig-7g-40gb-0", device
 
 
+def legacy_device_plugin_node(cluster: Cluster) -> None:
+    """A node in device-plugin mode (label gpuslice.dev/mode=device-plugin): the device plugin,
+    not the DRA node pod, runs there and advertises every fake GPU as ``nvidia.com/gpu``; a pod
+    that asks for one gets one GPU UUID in NVIDIA_VISIBLE_DEVICES."""
+    assert cluster.device_plugin_nodes, "the scenario cluster has no device-plugin-mode node"
+    node = cluster.device_plugin_nodes[0]
+    want = str(gpu_count())
+
+    def advertised() -> bool:
+        status = cluster.kube.get(resource_path("v1", "nodes", name=node))["status"]
+        return bool((status.get("allocatable") or {}).get("nvidia.com/gpu") == want)
+
+    wait_for(advertised, 120, f"{node} to advertise {want} nvidia.com/gpu")
+    assert not cluster.component_pods(node, "node"), f"a DRA node pod on {node}"
+    assert len(cluster.component_pods(node, "device-plugin")) == 1
+    for dra in cluster.gpu_nodes:
+        assert not cluster.component_pods(dra, "device-plugin"), f"a device plugin on {dra}"
+    with cluster.namespace("device-plugin") as ns:
+        cluster.pod(ns, "legacy", node, limits={"nvidia.com/gpu": "1"})
+        cluster.running(ns, "legacy")
+        env = cluster.env(ns, "legacy")
+        visible = env.get("NVIDIA_VISIBLE_DEVICES", "")
+        [uuid] = visible.split(",")
+        assert uuid.startswith("GPU-"), env
+
+
 SCENARIOS: list[Callable[[Cluster], None]] = [
     exclusive_gpu,
     two_shares_and_one_that_does_not_fit,
@@ -353,5 +379,6 @@ SCENARIOS: list[Callable[[Cluster], None]] = [
     plugin_killed_while_pods_run,
     kubelet_restarted,
     node_drain,
+    legacy_device_plugin_node,
     dynamic_mig,
 ]

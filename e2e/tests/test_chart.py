@@ -36,6 +36,7 @@ from e2e.sandbox.binaries import REPO_ROOT
 from e2e.sandbox.controlplane import ControlPlane
 from e2e.sandbox.nodeagent.testing import unique, wait_for
 from gpuslice_core.cli import EnvArgumentParser
+from gpuslice_device_plugin.cli import build_parser as device_plugin_parser
 from gpuslice_enforcer.cli import build_parser as enforcer_parser
 from gpuslice_kube.client import new_api_client
 from gpuslice_kube.errors import KubeError, KubeNotFoundError
@@ -110,13 +111,24 @@ def one(objs: list[Obj], kind: str, name: str | None = None) -> Obj:
     return found[0]
 
 
-def pod_spec(objs: list[Obj]) -> Obj:
-    spec: Obj = one(objs, "DaemonSet")["spec"]["template"]["spec"]
+def daemonset(objs: list[Obj], component: str = "node") -> Obj:
+    """The DaemonSet of one component: node (DRA) or device-plugin."""
+    found = [
+        o
+        for o in find(objs, "DaemonSet")
+        if o["metadata"]["labels"]["app.kubernetes.io/component"] == component
+    ]
+    assert len(found) == 1, f"DaemonSet {component}: {len(found)} rendered"
+    return found[0]
+
+
+def pod_spec(objs: list[Obj], component: str = "node") -> Obj:
+    spec: Obj = daemonset(objs, component)["spec"]["template"]["spec"]
     return spec
 
 
-def containers(objs: list[Obj]) -> dict[str, Obj]:
-    spec = pod_spec(objs)
+def containers(objs: list[Obj], component: str = "node") -> dict[str, Obj]:
+    spec = pod_spec(objs, component)
     return {c["name"]: c for c in [*spec.get("initContainers", []), *spec["containers"]]}
 
 
@@ -170,7 +182,7 @@ def test_renders_for_each_kubernetes_minor_and_backend(
     mapped = int(minor.split(".")[1]) >= 36
     assert ("extendedResourceName" in gpu["spec"]) == mapped, minor
 
-    ds = one(objs, "DaemonSet")
+    ds = daemonset(objs)
     assert ds["spec"]["updateStrategy"] == {
         "type": "RollingUpdate",
         "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
@@ -229,7 +241,7 @@ def test_kubernetes_older_than_1_32_is_refused(helm_bin: Path) -> None:
 
 def test_update_strategy_is_seamless_where_the_kubelet_allows_it(helm_bin: Path) -> None:
     def strategy(*args: str) -> Obj:
-        found: Obj = one(render(helm_bin, *args), "DaemonSet")["spec"]["updateStrategy"]
+        found: Obj = daemonset(render(helm_bin, *args))["spec"]["updateStrategy"]
         return found
 
     surge = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
@@ -404,6 +416,97 @@ def test_every_flag_is_set_through_its_variable_and_accepted_by_the_service(
         if name == "mig-manager":
             assert args.config_map == "gpuslice/gpuslice-mig-parted-config"
             assert args.socket == f"/var/run/gpuslice/mig-manager-{pod_uid}.sock"
+
+
+MODE = {"key": "gpuslice.dev/mode", "operator": "In", "values": ["device-plugin"]}
+NOT_MODE = {"key": "gpuslice.dev/mode", "operator": "NotIn", "values": ["device-plugin"]}
+
+
+def node_terms(spec: Obj) -> list[list[Obj]]:
+    affinity = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    return [term["matchExpressions"] for term in affinity["nodeSelectorTerms"]]
+
+
+@pytest.mark.parametrize("backend", ["real", "fake"])
+def test_device_plugin_daemonset_runs_on_device_plugin_nodes_only(
+    helm_bin: Path,
+    backend: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The per-node mode: the device plugin's affinity is the node DaemonSet's with the mode
+    label required instead of excluded; every variable it sets is a flag of the service."""
+    config = "version: v1\nflags:\n  migStrategy: single\n"
+    objs = render(
+        helm_bin,
+        *sets(f"nvml.backend={backend}", "devicePlugin.deviceIDStrategy=index"),
+        *set_json("devicePlugin.config", config),
+    )
+    ds = daemonset(objs, "device-plugin")
+    assert ds["metadata"]["name"] == "gpuslice-device-plugin"
+    spec = pod_spec(objs, "device-plugin")
+    node_spec = pod_spec(objs)
+    dp_terms, dra_terms = node_terms(spec), node_terms(node_spec)
+    assert dp_terms and all(MODE in term for term in dp_terms)
+    assert all(NOT_MODE in term for term in dra_terms)
+    assert [[e for e in t if e != MODE] for t in dp_terms] == [
+        [e for e in t if e != NOT_MODE] for t in dra_terms
+    ]  # the same GPU-presence labels
+    assert spec["tolerations"] == node_spec["tolerations"]
+    assert spec["automountServiceAccountToken"] is False
+    byname = containers(objs, "device-plugin")
+    plugin = byname["device-plugin"]
+    assert plugin["securityContext"] == {"privileged": True}
+    assert plugin["livenessProbe"]["exec"]["command"] == ["gpuslice-device-plugin", "--probe"]
+    assert {"name": "device-plugin", "containerPort": 9404, "protocol": "TCP"} in plugin["ports"]
+    mounts = {m["name"]: m["mountPath"] for m in plugin["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert mounts["device-plugins"] == "/var/lib/kubelet/device-plugins"
+    assert volumes["device-plugins"]["hostPath"]["path"] == "/var/lib/kubelet/device-plugins"
+    config_map = one(objs, "ConfigMap", "gpuslice-device-plugin")
+    assert config_map["data"]["config.yaml"] == config
+    assert volumes["config"]["configMap"]["name"] == "gpuslice-device-plugin"
+    if backend == "fake":  # the node DaemonSet's node-setup writes this node's fake GPUs
+        setup_env = env_of(byname["node-setup"])
+        node_setup_env = env_of(containers(objs)["node-setup"])
+        assert {name: node_setup_env[name] for name in setup_env} == setup_env
+        assert setup_env["FAKE_NVML_SET_NAME"] == "true"
+        assert volumes["fake-nvml"]["hostPath"] == pod_volumes(node_spec)["fake-nvml"]["hostPath"]
+    else:
+        assert "initContainers" not in spec
+
+    env = env_of(plugin)
+    known = flag_variables(device_plugin_parser())
+    assert env.keys() - known <= NOT_FLAGS, "not flags of the device plugin"
+    with monkeypatch.context() as m:
+        for var in known | NOT_FLAGS:
+            m.delenv(var, raising=False)
+        for var, value in env.items():
+            m.setenv(var, str(value))
+        try:
+            args = device_plugin_parser().parse_args(plugin.get("args", []))
+        except SystemExit:
+            pytest.fail(
+                f"the device plugin refuses the chart's settings: {capsys.readouterr().err}"
+            )
+    assert args.device_plugins_dir == "/var/lib/kubelet/device-plugins"
+    assert args.config_file == "/etc/gpuslice/device-plugin/config.yaml"
+    assert args.device_id_strategy == "index" and args.mig_strategy is None
+    assert args.nvml == backend
+
+    off = render(
+        helm_bin, *sets("devicePlugin.enabled=false", "devicePlugin.metrics.enabled=false")
+    )
+    assert not [d for d in find(off, "DaemonSet") if "device-plugin" in d["metadata"]["name"]]
+    quiet = containers(
+        render(helm_bin, *sets("devicePlugin.metrics.enabled=false")), "device-plugin"
+    )
+    assert env_of(quiet["device-plugin"])["METRICS_ADDR"] == ""
+    assert "ports" not in quiet["device-plugin"]
+
+
+def pod_volumes(spec: Obj) -> dict[str, Obj]:
+    return {v["name"]: v for v in spec["volumes"]}
 
 
 def test_device_classes_equal_the_e2e_manifest(helm_bin: Path) -> None:
@@ -889,8 +992,7 @@ def test_helm_test_pod_checks_the_share_it_got(
     assert request["exactly"]["capacity"]["requests"] == {"cores": "10", "memory": "1Gi"}
     [container] = pod["spec"]["containers"]
     assert (
-        container["image"]
-        == one(objs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["image"]
+        container["image"] == daemonset(objs)["spec"]["template"]["spec"]["containers"][0]["image"]
     )  # the kubelet plugin's image: it has the Python the check runs with
     key = "GPUSLICE_GPU_0_0A1B"  # a share's device key
     env = {

@@ -1,9 +1,10 @@
 """The user-facing e2e scenarios on real kubelets (DESIGN.md section 5, tier 4).
 
 A control plane of its own (the chart owns the DeviceClasses, which other suites create in the
-shared sandbox), two real nodes (containerd + kubelet + runc each, e2e/sandbox/realnode.py) with
-every image of hack/images.sh imported, and `helm install` of charts/gpuslice with the fake NVML
-node of e2e/scenarios/nodes.py: the node DaemonSet runs from our images with the chart's RBAC and
+shared sandbox), three real nodes (containerd + kubelet + runc each, e2e/sandbox/realnode.py;
+two for DRA, one labelled gpuslice.dev/mode=device-plugin) with every image of hack/images.sh
+imported, and `helm install` of charts/gpuslice with the fake NVML node of
+e2e/scenarios/nodes.py: the node DaemonSet runs from our images with the chart's RBAC and
 hostPath mounts, the plugin registers with the real kubelet, and `helm test` passes. Then the
 scenarios of e2e/scenarios/user.py, the same code kind runs (hack/e2e-kind.sh).
 """
@@ -31,9 +32,10 @@ from gpuslice_kube.client import new_api_client
 from gpuslice_kube.raw import resource_path
 
 pytest_plugins = ("e2e.sandbox.realnode_fixtures",)
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(420)  # dynamic_mig: a rolling helm upgrade, 80-160 s here
 
-NODES = ("gpu-real-0", "gpu-real-1")
+NODES = ("gpu-real-0", "gpu-real-1")  # DRA
+DEVICE_PLUGIN_NODES = ("gpu-real-dp",)  # gpuslice.dev/mode=device-plugin
 SERVICES = ("kubelet-plugin", "enforcer", "mig-manager")
 
 
@@ -66,12 +68,17 @@ def chart_cluster(
         pytest.fail(f"control plane did not start: {exc}", pytrace=False)
     try:
         try:
-            nodes_cm = RealNodes.started(cp, NODES)
+            mode = {"gpuslice.dev/mode": "device-plugin"}
+            nodes_cm = RealNodes.started(
+                cp,
+                NODES + DEVICE_PLUGIN_NODES,
+                labels={name: mode for name in DEVICE_PLUGIN_NODES},
+            )
             nodes = nodes_cm.__enter__()
         except (NodeStartError, nodehost.HostError) as exc:
             pytest.fail(f"real nodes did not start: {exc}", pytrace=False)
         try:
-            images = {name: real_images[name].ref for name in SERVICES}
+            images = {name: real_images[name].ref for name in (*SERVICES, "device-plugin")}
             values = chart_values(images)
             installed = install(helm_path, cp.kubeconfig, values, run_dir / "values.json")
 
@@ -86,6 +93,7 @@ def chart_cluster(
                 installed.namespace,
                 nodes,
                 upgrade,
+                list(DEVICE_PLUGIN_NODES),
             )
             yield cluster, installed, nodes
         except BaseException:
@@ -126,9 +134,10 @@ def test_chart_runs_from_our_images_on_real_kubelets(
 
 
 def cluster_image(cluster: Cluster, installed: Installed, service: str) -> str:
-    ds = cluster.kube.list(resource_path("apps/v1", "daemonsets", namespace=installed.namespace))[
-        "items"
-    ][0]
+    ds = cluster.kube.list(
+        resource_path("apps/v1", "daemonsets", namespace=installed.namespace),
+        label_selector="app.kubernetes.io/component=node",
+    )["items"][0]
     spec = ds["spec"]["template"]["spec"]
     for c in spec["containers"] + spec.get("initContainers", []):
         if c["name"] == service:

@@ -115,6 +115,7 @@ e2e/manifests/mig-configs.yaml, kept equal by e2e/tests/test_chart.py). */}}
 
 {{/* Paths inside the node pod (every host path is mounted at the same path). */}}
 {{- define "gpuslice.registrarDir" -}}{{ trimSuffix "/" .Values.hostPaths.kubeletDir }}/plugins_registry{{- end }}
+{{- define "gpuslice.devicePluginsDir" -}}{{ trimSuffix "/" .Values.hostPaths.kubeletDir }}/device-plugins{{- end }}
 {{- define "gpuslice.pluginsDir" -}}{{ trimSuffix "/" .Values.hostPaths.kubeletDir }}/plugins{{- end }}
 {{- define "gpuslice.runDir" -}}{{ trimSuffix "/" .Values.hostPaths.runDir }}{{- end }}
 {{- define "gpuslice.stateDir" -}}{{ trimSuffix "/" .Values.hostPaths.stateDir }}{{- end }}
