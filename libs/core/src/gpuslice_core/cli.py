@@ -73,3 +73,11 @@ def parse_bool(value: str, *, name: str) -> bool:
     if lowered in {"0", "false", "no", "off"}:
         return False
     raise ValueError(f"{name}={value!r} is not a boolean; use true or false")
+
+
+def positive_seconds(value: str) -> float:
+    """A positive number of seconds, for argparse."""
+    number = float(value)
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"{value!r} must be a positive number of seconds")
+    return number

@@ -27,28 +27,12 @@ from gpuslice_device_plugin.config import (
     load_config_file,
     resolve,
 )
-from gpuslice_device_plugin.health import APP_XIDS
 from gpuslice_nvml import add_nvml_arguments
+from gpuslice_nvml.health import add_health_arguments
 
 PROG = "gpuslice-device-plugin"
 DEFAULT_DIR = "/var/lib/kubelet/device-plugins"
 log = get_logger(__name__)
-
-
-def _xids(value: str) -> frozenset[int]:
-    try:
-        return frozenset(int(x) for x in value.split(",") if x.strip())
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is not a comma-separated list of XID numbers"
-        ) from exc
-
-
-def _seconds(value: str) -> float:
-    number = float(value)
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"{value!r} must be a positive number of seconds")
-    return number
 
 
 def _bool(value: str) -> bool:
@@ -140,32 +124,11 @@ def build_parser() -> EnvArgumentParser:
             " least used GPUs (distributed) or fill the most used first (packed)."
         ),
     )
-    p.add_bool_flag(
-        "--health-recovery",
-        env="HEALTH_RECOVERY",
-        default=True,
-        help="Mark devices Healthy again once their GPU has recovered.",
-    )
-    p.add_flag(
-        "--xid-quiet-period",
-        env="XID_QUIET_PERIOD",
-        type=_seconds,
-        default=300.0,
-        help="Seconds without a repeated XID after which its devices are Healthy again.",
-    )
-    p.add_flag(
-        "--health-check-interval",
-        env="HEALTH_CHECK_INTERVAL",
-        type=_seconds,
-        default=10.0,
-        help="Seconds between recovery checks of unhealthy GPUs.",
-    )
-    p.add_flag(
-        "--ignored-xids",
-        env="IGNORED_XIDS",
-        type=_xids,
-        default=",".join(str(x) for x in sorted(APP_XIDS)),
-        help="XIDs caused by applications, which leave the devices Healthy.",
+    add_health_arguments(
+        p,
+        recovery_help="Mark devices Healthy again once their GPU has recovered.",
+        quiet_help="Seconds without a repeated XID after which its devices are Healthy again.",
+        ignored_help="XIDs caused by applications, which leave the devices Healthy.",
     )
     p.add_flag(
         "--metrics-addr",

@@ -24,10 +24,9 @@ from dataclasses import dataclass
 from gpuslice_core.logging import get_logger
 from gpuslice_device_plugin.devices import Device
 from gpuslice_nvml import HealthEvent, HealthEventKind, Nvml, NvmlError
+from gpuslice_nvml.health import APP_XIDS, recovered, watch_health
 
 log = get_logger(__name__)
-
-APP_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 
 
 @dataclass
@@ -89,26 +88,19 @@ class HealthTracker:
 
     def _run(self) -> None:
         try:
-            watch = self.nvml.watch_events()
+            watch_health(
+                self.nvml,
+                self._stop,
+                check_interval=self.check_interval,
+                on_event=self.handle,
+                on_check=self.check_recovery,
+                on_watching=self._watching.set,
+                poll=0.5,
+            )
         except NvmlError as exc:
             log.warning("NVML cannot watch health events; health unmonitored", error=str(exc))
-            return
         finally:
             self._watching.set()
-        next_check = time.monotonic() + self.check_interval
-        with watch:
-            while not self._stop.is_set():
-                try:
-                    event = watch.wait(min(0.5, self.check_interval))
-                except NvmlError as exc:
-                    log.warning("health event wait failed", error=str(exc))
-                    self._stop.wait(1.0)
-                    continue
-                if event is not None:
-                    self.handle(event)
-                if time.monotonic() >= next_check:
-                    next_check = time.monotonic() + self.check_interval
-                    self.check_recovery()
 
     # ---- events ----------------------------------------------------------------------------
     def handle(self, event: HealthEvent) -> bool:
@@ -144,34 +136,18 @@ class HealthTracker:
         )
         return True
 
-    def _answers(self, gpu: int) -> bool:
-        try:
-            self.nvml.gpu(gpu)
-            self.nvml.memory_info(gpu)
-        except NvmlError:
-            return False
-        return True
-
     def check_recovery(self) -> bool:
         """Clear the problems that recovered; True when device health changed."""
         if not self.recovery:
             return False
-        now = self.clock()
         with self._cond:
-            problems = list(self._problems.items())
-        answers: dict[int, bool] = {}
-        cleared = []
-        for key, p in problems:
-            quiet = p.reason == "GPU lost" or now - p.last >= self.quiet_period
-            if not quiet:
-                continue
-            if p.gpu not in answers:
-                answers[p.gpu] = self._answers(p.gpu)
-            if answers[p.gpu]:
-                cleared.append(key)
-                log.info("devices healthy again", gpu=p.gpu, reason=p.reason)
+            problems = dict(self._problems)
+        faults = [(key, p.gpu, p.last, p.reason == "GPU lost") for key, p in problems.items()]
+        cleared = recovered(faults, self.nvml, now=self.clock(), quiet_period=self.quiet_period)
         if not cleared:
             return False
+        for key in cleared:
+            log.info("devices healthy again", gpu=problems[key].gpu, reason=problems[key].reason)
         with self._cond:
             for key in cleared:
                 self._problems.pop(key, None)

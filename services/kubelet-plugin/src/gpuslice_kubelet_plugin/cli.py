@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gpuslice_core import logging as gslog
-from gpuslice_core.cli import EnvArgumentParser
+from gpuslice_core.cli import EnvArgumentParser, positive_seconds
 from gpuslice_core.errors import GpusliceError
 from gpuslice_core.grpcserver import wait_for_signal
 from gpuslice_core.metrics import parse_addr
@@ -24,27 +24,11 @@ from gpuslice_kube.raw import RawApi
 from gpuslice_kubelet_plugin import __version__
 from gpuslice_kubelet_plugin.discovery import DRIVER
 from gpuslice_kubelet_plugin.driver import Driver, Settings
-from gpuslice_kubelet_plugin.health import APP_XIDS
 from gpuslice_kubelet_plugin.server import probe
 from gpuslice_nvml import add_nvml_arguments, nvml_from_args
+from gpuslice_nvml.health import add_health_arguments
 
 PROG = "gpuslice-kubelet-plugin"
-
-
-def _xids(value: str) -> frozenset[int]:
-    try:
-        return frozenset(int(x) for x in value.split(",") if x.strip())
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is not a comma-separated list of XID numbers"
-        ) from exc
-
-
-def _seconds(value: str) -> float:
-    number = float(value)
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"{value!r} must be a positive number of seconds")
-    return number
 
 
 def build_parser() -> EnvArgumentParser:
@@ -130,44 +114,23 @@ def build_parser() -> EnvArgumentParser:
         default=True,
         help="Serve the kubelet's DRA health stream (v1alpha1.DRAResourceHealth).",
     )
-    p.add_bool_flag(
-        "--health-recovery",
-        env="HEALTH_RECOVERY",
-        default=True,
-        help="Clear health taints when the GPU is healthy again.",
-    )
-    f(
-        "--xid-quiet-period",
-        env="XID_QUIET_PERIOD",
-        type=_seconds,
-        default=300.0,
-        help="Seconds without a repeat after which an XID taint is cleared (with recovery on).",
-    )
-    f(
-        "--health-check-interval",
-        env="HEALTH_CHECK_INTERVAL",
-        type=_seconds,
-        default=10.0,
-        help="Seconds between recovery checks of unhealthy GPUs.",
-    )
-    f(
-        "--ignored-xids",
-        env="IGNORED_XIDS",
-        type=_xids,
-        default=",".join(str(x) for x in sorted(APP_XIDS)),
-        help="XIDs caused by applications: their taint has effect None (informational).",
+    add_health_arguments(
+        p,
+        recovery_help="Clear health taints when the GPU is healthy again.",
+        quiet_help="Seconds without a repeat after which an XID taint is cleared (recovery on).",
+        ignored_help="XIDs caused by applications: their taint has effect None (informational).",
     )
     f(
         "--gc-interval",
         env="GC_INTERVAL",
-        type=_seconds,
+        type=positive_seconds,
         default=60.0,
         help="Seconds between checks for prepared claims that no longer exist in the API.",
     )
     f(
         "--rescan-interval",
         env="RESCAN_INTERVAL",
-        type=_seconds,
+        type=positive_seconds,
         default=60.0,
         help="Seconds between device rescans (MIG layout changes, enforcer capabilities).",
     )
@@ -188,7 +151,7 @@ def build_parser() -> EnvArgumentParser:
     f(
         "--shutdown-grace",
         env="SHUTDOWN_GRACE",
-        type=_seconds,
+        type=positive_seconds,
         default=10.0,
         help="Seconds in-flight calls get to finish on SIGTERM.",
     )

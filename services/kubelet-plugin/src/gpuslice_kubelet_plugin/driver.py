@@ -25,7 +25,7 @@ from gpuslice_kubelet_plugin.claims import ClaimRef
 from gpuslice_kubelet_plugin.discovery import DRIVER, Inventory, discover
 from gpuslice_kubelet_plugin.enforcer import Enforcer, GpuEnforcement, GrpcEnforcer, NoEnforcer
 from gpuslice_kubelet_plugin.gc import ClaimCollector
-from gpuslice_kubelet_plugin.health import APP_XIDS, HealthMonitor
+from gpuslice_kubelet_plugin.health import HealthMonitor
 from gpuslice_kubelet_plugin.kubeapi import ResourceApi, detect
 from gpuslice_kubelet_plugin.metrics import PluginMetrics
 from gpuslice_kubelet_plugin.migclient import GrpcMigManager, MigManager, NoMigManager
@@ -34,6 +34,7 @@ from gpuslice_kubelet_plugin.servicer import HealthStreamServicer
 from gpuslice_kubelet_plugin.slices import PoolContent, SlicePublisher, device_with_taints
 from gpuslice_kubelet_plugin.state import DeviceState
 from gpuslice_nvml import Nvml
+from gpuslice_nvml.health import APP_XIDS
 
 log = get_logger(__name__)
 #: seconds between capability requests while the enforcer (a sidecar that may start after the

@@ -29,10 +29,10 @@ from gpuslice_core.logging import get_logger
 from gpuslice_kubelet_plugin.discovery import DRIVER, Device, Inventory, dns_label
 from gpuslice_kubelet_plugin.metrics import PluginMetrics
 from gpuslice_nvml import HealthEvent, HealthEventKind, Nvml, NvmlError
+from gpuslice_nvml.health import APP_XIDS, recovered, watch_health
 
 log = get_logger(__name__)
 
-APP_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 KEY_XID = f"{DRIVER}/xid"
 KEY_LOST = f"{DRIVER}/gpu-lost"
 KEY_ECC = f"{DRIVER}/ecc"
@@ -117,7 +117,13 @@ class HealthMonitor:
 
     def _run(self) -> None:
         try:
-            watch = self.nvml.watch_events()
+            watch_health(
+                self.nvml,
+                self._stop,
+                check_interval=self.check_interval,
+                on_event=self._on_event,
+                on_check=self._on_check,
+            )
         except NvmlError as exc:
             log.warning(
                 "NVML cannot watch health events; devices marked unmonitored", error=str(exc)
@@ -126,22 +132,14 @@ class HealthMonitor:
             for gpu in {d.gpu_index for d in self.inventory().devices}:
                 self._add(Problem(KEY_UNMONITORED, "", "None", now, gpu, last=now))
             self._changed()
-            return
-        next_check = time.monotonic() + self.check_interval
-        with watch:
-            while not self._stop.is_set():
-                try:
-                    event = watch.wait(min(1.0, self.check_interval))
-                except NvmlError as exc:
-                    log.warning("health event wait failed", error=str(exc))
-                    self._stop.wait(1.0)
-                    continue
-                if event is not None and self.handle(event):
-                    self._changed()
-                if time.monotonic() >= next_check:
-                    next_check = time.monotonic() + self.check_interval
-                    if self.check_recovery():
-                        self._changed()
+
+    def _on_event(self, event: HealthEvent) -> None:
+        if self.handle(event):
+            self._changed()
+
+    def _on_check(self) -> None:
+        if self.check_recovery():
+            self._changed()
 
     # ---- events ----------------------------------------------------------------------------
     def _add(self, problem: Problem) -> bool:
@@ -195,32 +193,21 @@ class HealthMonitor:
         )
         return self._add(problem)
 
-    def _answers(self, gpu: int) -> bool:
-        try:
-            self.nvml.gpu(gpu)
-            self.nvml.memory_info(gpu)
-        except NvmlError:
-            return False
-        return True
-
     def check_recovery(self) -> bool:
         """Clear what has recovered; True when the taints changed."""
         if not self.recovery:
             return False
-        now = self.clock()
         with self._lock:
-            problems = list(self._problems.items())
-        cleared = []
-        answers: dict[int, bool] = {}
-        for key, p in problems:
-            if p.key == KEY_UNMONITORED:
-                continue
-            if p.gpu not in answers:
-                answers[p.gpu] = self._answers(p.gpu)
-            quiet = p.key == KEY_LOST or now - p.last >= self.quiet_period
-            if quiet and answers[p.gpu]:
-                cleared.append(key)
-                log.info("device recovered; taint cleared", gpu=p.gpu, taint=p.describe())
+            problems = dict(self._problems)
+        faults = [
+            (key, p.gpu, p.last, p.key == KEY_LOST)
+            for key, p in problems.items()
+            if p.key != KEY_UNMONITORED
+        ]
+        cleared = recovered(faults, self.nvml, now=self.clock(), quiet_period=self.quiet_period)
+        for key in cleared:
+            p = problems[key]
+            log.info("device recovered; taint cleared", gpu=p.gpu, taint=p.describe())
         with self._lock:
             for key in cleared:
                 self._problems.pop(key, None)
