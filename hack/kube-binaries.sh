@@ -25,21 +25,15 @@ set -euo pipefail
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VERSIONS_FILE="$REPO_ROOT/hack/kube/versions.env"
+TOOL=kube-binaries
+# shellcheck source=lib/gobuild.sh
+source "$REPO_ROOT/hack/lib/gobuild.sh"  # log, die, pinned, cache_ok, hold_lock, progress, publish, ...
 # shellcheck source=lib/kube-verify.sh
 source "$REPO_ROOT/hack/lib/kube-verify.sh"
 BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet)
 KUBE_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet)
 MIN_MINOR=34
 
-log() { printf '>> %s\n' "$*" >&2; }
-die() { printf 'kube-binaries: error: %s\n' "$*" >&2; exit 1; }
-
-pinned() { # pinned KEY -> value from versions.env (not sourced, so the environment wins)
-  sed -n "s/^$1=\\([^[:space:]#]*\\).*/\\1/p" "$VERSIONS_FILE" | tail -n1
-}
-first_match() { # first_match 's/RE/REPL/' TEXT -> the first line RE matches, substituted
-  sed -n "$1;T;p;q" <<<"$2"  # quits itself: no `| head -n1` for pipefail to trip over
-}
 
 MODE=build
 PRUNE=0
@@ -98,14 +92,11 @@ BIN_DIR="$VERSION_DIR/bin"
 STAMP="$BIN_DIR/.stamp"
 STAMP_KEY="kube=$KUBE_VERSION etcd=$ETCD_VERSION"
 
-have_all() { local d=$1 b; for b in "${BINARIES[@]}"; do [ -x "$d/$b" ] || return 1; done; }
-missing_in() { local d=$1 b out=(); for b in "${BINARIES[@]}"; do [ -x "$d/$b" ] || out+=("$b"); done; echo "${out[*]}"; }
 prune() {
   log "pruning the Go caches under $CACHE_ROOT (bin/ dirs are kept)"
   if [ -d "$GOMODCACHE" ]; then chmod -R u+w "$GOMODCACHE"; fi  # module files are read-only
   rm -rf "$GOCACHE" "$GOPATH" "$CACHE_ROOT/tmp" "$CACHE_ROOT"/v*/build "$CACHE_ROOT"/v*/bin.partial
 }
-cache_ok() { [ -f "$STAMP" ] && [ "$(head -n1 "$STAMP")" = "$STAMP_KEY" ] && have_all "$BIN_DIR"; }
 
 # 1. binaries the user already has
 if [ "$MODE" != force ] && [ "$MODE" != latest ]; then
@@ -153,22 +144,10 @@ if [ "$MODE" = latest ]; then
   exit 0
 fi
 
-# sum.golang.org is not reachable from every machine (only package registries are); checksums
-# then come from the proxy alone. Keep the user's setting when it was given explicitly.
-if [ -z "${GOSUMDB+x}" ]; then
-  if ! curl -fsS -m 8 -o /dev/null "https://sum.golang.org/lookup/k8s.io/api@$STAGING_VERSION" 2>/dev/null; then
-    log "warning: sum.golang.org is unreachable; building with GOSUMDB=off (module checksums from the proxy only)"
-    export GOSUMDB=off
-  fi
-fi
+sumdb_or_off "k8s.io/api@$STAGING_VERSION"
 
 mkdir -p "$CACHE_ROOT"
-exec 9>"$CACHE_ROOT/.lock"
-if ! flock -n 9; then
-  log "another build holds $CACHE_ROOT/.lock; waiting for it"
-  flock 9
-  if cache_ok && [ "$MODE" != force ]; then echo "$BIN_DIR"; exit 0; fi
-fi
+hold_lock "$CACHE_ROOT/.lock"
 
 START=$SECONDS
 BUILT_AT=$(date -u +%Y-%m-%dT%H:%M:%SZ)
@@ -182,34 +161,10 @@ export GOTMPDIR="$CACHE_ROOT/tmp"
 # and bin.partial/ of a failed run is kept, so go build relinks only what is not up to date.
 rm -rf "$STAGE/.stamp" "$GOTMPDIR"  # (the scratch of a killed build; we hold the lock)
 mkdir -p "$BUILD_DIR/kube" "$BUILD_DIR/etcd" "$STAGE" "$GOTMPDIR"
-rerun_hint() { # EXIT trap while building: a failed run says what it kept and what to run next
-  [ "$1" != 0 ] || return 0
-  printf '%s\n' \
-    "kube-binaries: the work done so far is kept (compiled packages in GOCACHE=$GOCACHE," \
-    "  linked binaries in $STAGE/); a rerun redoes only what is missing." \
-    "  fix the cause above, then run again:  ${HOW}make kube-binaries   (= ${HOW}hack/kube-binaries.sh)" >&2
-}
 trap 'rerun_hint $?' EXIT
 log "building Kubernetes $KUBE_VERSION + etcd $ETCD_VERSION with $GO_VERSION into $BIN_DIR"
 log "caches: GOMODCACHE=$GOMODCACHE GOCACHE=$GOCACHE; full logs in $BUILD_DIR/*.log"
 log "a cold build takes tens of minutes on 2 cores (nice -n ${GPUSLICE_BUILD_NICE:-19})"
-
-progress() { # progress LOGFILE LABEL: count `go build -v` package lines, keep everything in LOGFILE
-  local logf=$1 label=$2
-  awk -v label="$label" -v logf="$logf" -v t0="$SECONDS" '
-    { print > logf; fflush(logf) }
-    /^go: downloading / { d++; if (d % 50 == 0) { printf "   %s: %d modules downloaded\n", label, d > "/dev/stderr" } next }
-    /^[a-zA-Z0-9._~\/-]+$/ { n++; if (n % 250 == 0) { printf "   %s: %d packages compiled\n", label, n > "/dev/stderr" } }
-    END { printf "   %s: %d modules downloaded, %d packages compiled\n", label, d, n > "/dev/stderr" }'
-}
-
-fail_with_log() { # fail_with_log LOGFILE WHAT COMMAND...
-  local logf=$1 what=$2; shift 2
-  printf 'kube-binaries: building %s failed.\n  command (in %s): %s\n  last lines of %s:\n' \
-    "$what" "$PWD" "$*" "$logf" >&2
-  grep -v '^go: downloading ' "$logf" | tail -n 40 | sed 's/^/    /' >&2
-  exit 1
-}
 
 # --- kube: a wrapper module that pins every staging module to the release ------------------------
 log "[1/3] resolving k8s.io/kubernetes@$KUBE_VERSION"
@@ -292,14 +247,7 @@ log "    etcd built in $(( SECONDS - t ))s"
 # --- verify, then publish and stamp ----------------------------------------------------------------
 why=$(verify_versions "$STAGE" "$KUBE_VERSION" "$ETCD_VERSION" 2>&1) || die "$why"  # hack/lib/kube-verify.sh
 ELAPSED=$(( SECONDS - START ))
-printf '%s\nbuilt %s with %s in %ds on %s cores\n' "$STAMP_KEY" "$BUILT_AT" "$GO_VERSION" \
-  "$ELAPSED" "$(nproc 2>/dev/null || echo '?')" > "$STAGE/.stamp"
-# bin/ is swapped by two renames (the old one, stamp and all, stays usable up to the first)
-rm -rf "$VERSION_DIR/bin.old"
-[ ! -e "$BIN_DIR" ] || mv "$BIN_DIR" "$VERSION_DIR/bin.old"
-mv "$STAGE" "$BIN_DIR"
-rm -rf "$VERSION_DIR/bin.old"
-trap - EXIT
+publish "$ELAPSED"
 log "done in $(( ELAPSED / 60 ))m$(( ELAPSED % 60 ))s: $("$BIN_DIR/kube-apiserver" --version), etcd ${ETCD_VERSION#v}"
 [ "$PRUNE" = 0 ] || prune
 echo "$BIN_DIR"

@@ -26,7 +26,10 @@
 set -euo pipefail
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+TOOL=node-binaries
 VERSIONS_FILE="$REPO_ROOT/hack/kube/versions.env"
+# shellcheck source=lib/gobuild.sh
+source "$REPO_ROOT/hack/lib/gobuild.sh"  # log, die, pinned, cache_ok, hold_lock, progress, publish, ...
 # shellcheck source=lib/node-verify.sh
 source "$REPO_ROOT/hack/lib/node-verify.sh"
 BINARIES=(containerd ctr containerd-shim-runc-v2 runc crictl)
@@ -39,15 +42,6 @@ RUNC_MODULE=github.com/opencontainers/runc
 RUNC_TAGS="seccomp netgo osusergo"
 CRICTL_MODULE=sigs.k8s.io/cri-tools
 
-log() { printf '>> %s\n' "$*" >&2; }
-die() { printf 'node-binaries: error: %s\n' "$*" >&2; exit 1; }
-
-pinned() { # pinned KEY -> value from versions.env (not sourced, so the environment wins)
-  sed -n "s/^$1=\\([^[:space:]#]*\\).*/\\1/p" "$VERSIONS_FILE" | tail -n1
-}
-first_match() { # first_match 's/RE/REPL/' TEXT -> the first line RE matches, substituted
-  sed -n "$1;T;p;q" <<<"$2"  # quits itself: no `| head -n1` for pipefail to trip over
-}
 
 MODE=build
 case "${1:-}" in
@@ -91,9 +85,6 @@ BIN_DIR="$VERSION_DIR/bin"
 STAMP="$BIN_DIR/.stamp"
 STAMP_KEY="containerd=$CONTAINERD_VERSION runc=$RUNC_VERSION crictl=$CRICTL_VERSION tags=$CONTAINERD_TAGS/$RUNC_TAGS"
 
-have_all() { local d=$1 b; for b in "${BINARIES[@]}"; do [ -x "$d/$b" ] || return 1; done; }
-missing_in() { local d=$1 b out=(); for b in "${BINARIES[@]}"; do [ -x "$d/$b" ] || out+=("$b"); done; echo "${out[*]}"; }
-cache_ok() { [ -f "$STAMP" ] && [ "$(head -n1 "$STAMP")" = "$STAMP_KEY" ] && have_all "$BIN_DIR"; }
 
 # 1. binaries the user already has, or a finished build
 if [ "$MODE" != force ]; then
@@ -125,24 +116,12 @@ bash "$REPO_ROOT/hack/node-packages.sh" || die "the Debian packages above are ne
 command -v go >/dev/null || die "go is not installed (Go 1.26 or newer is needed)"
 GO_VERSION=$(go env GOVERSION)
 
-# sum.golang.org is not reachable from every machine (only package registries are); checksums
-# then come from the proxy alone. Keep the user's setting when it was given explicitly.
-if [ -z "${GOSUMDB+x}" ]; then
-  if ! curl -fsS -m 8 -o /dev/null "https://sum.golang.org/lookup/$RUNC_MODULE@$RUNC_VERSION" 2>/dev/null; then
-    log "warning: sum.golang.org is unreachable; building with GOSUMDB=off (module checksums from the proxy only)"
-    export GOSUMDB=off
-  fi
-fi
+sumdb_or_off "$RUNC_MODULE@$RUNC_VERSION"
 
 mkdir -p "$VERSION_DIR"
 # A lock of its own: this build may run beside hack/kube-binaries.sh (the Go caches are safe for
 # concurrent go commands); only two builds of the same versions must not share bin.partial/.
-exec 9>"$VERSION_DIR/.lock"
-if ! flock -n 9; then
-  log "another build holds $VERSION_DIR/.lock; waiting for it"
-  flock 9
-  if cache_ok && [ "$MODE" != force ]; then echo "$BIN_DIR"; exit 0; fi
-fi
+hold_lock "$VERSION_DIR/.lock"
 
 START=$SECONDS
 BUILT_AT=$(date -u +%Y-%m-%dT%H:%M:%SZ)
@@ -154,33 +133,9 @@ STAGE="$VERSION_DIR/bin.partial"
 export GOTMPDIR="$VERSION_DIR/tmp"
 rm -rf "$STAGE/.stamp" "$GOTMPDIR"  # (the scratch of a killed build; we hold the lock)
 mkdir -p "$BUILD_DIR/containerd" "$BUILD_DIR/runc" "$BUILD_DIR/crictl" "$STAGE" "$GOTMPDIR"
-rerun_hint() { # EXIT trap while building: a failed run says what it kept and what to run next
-  [ "$1" != 0 ] || return 0
-  printf '%s\n' \
-    "node-binaries: the work done so far is kept (compiled packages in GOCACHE=$GOCACHE," \
-    "  linked binaries in $STAGE/); a rerun redoes only what is missing." \
-    "  fix the cause above, then run again:  ${HOW}make node-binaries   (= ${HOW}hack/node-binaries.sh)" >&2
-}
 trap 'rerun_hint $?' EXIT
 log "building containerd $CONTAINERD_VERSION + runc $RUNC_VERSION + crictl $CRICTL_VERSION with $GO_VERSION into $BIN_DIR"
 log "caches: GOMODCACHE=$GOMODCACHE GOCACHE=$GOCACHE; full logs in $BUILD_DIR/*.log"
-
-progress() { # progress LOGFILE LABEL: count `go build -v` package lines, keep everything in LOGFILE
-  local logf=$1 label=$2
-  awk -v label="$label" -v logf="$logf" '
-    { print > logf; fflush(logf) }
-    /^go: downloading / { d++; next }
-    /^[a-zA-Z0-9._~\/-]+$/ { n++; if (n % 250 == 0) { printf "   %s: %d packages compiled\n", label, n > "/dev/stderr" } }
-    END { printf "   %s: %d modules downloaded, %d packages compiled\n", label, d, n > "/dev/stderr" }'
-}
-
-fail_with_log() { # fail_with_log LOGFILE WHAT COMMAND...
-  local logf=$1 what=$2; shift 2
-  printf 'node-binaries: building %s failed.\n  command (in %s): %s\n  last lines of %s:\n' \
-    "$what" "$PWD" "$*" "$logf" >&2
-  grep -v '^go: downloading ' "$logf" | tail -n 40 | sed 's/^/    /' >&2
-  exit 1
-}
 
 # wrapper_module DIR MODULE VERSION: a module of our own that requires MODULE at VERSION (none of
 # their go.mod files has replace directives, but `go build -o` wants a main module); sets GOMOD_COMMIT
@@ -237,13 +192,7 @@ log "    crictl built in $(( SECONDS - t ))s"
 # --- verify, then publish and stamp ----------------------------------------------------------------
 why=$(verify_node_versions "$STAGE" "$CONTAINERD_VERSION" "$RUNC_VERSION" "$CRICTL_VERSION" 2>&1) || die "$why"  # hack/lib/node-verify.sh
 ELAPSED=$(( SECONDS - START ))
-printf '%s\nbuilt %s with %s in %ds on %s cores\n' "$STAMP_KEY" "$BUILT_AT" "$GO_VERSION" \
-  "$ELAPSED" "$(nproc 2>/dev/null || echo '?')" > "$STAGE/.stamp"
-# bin/ is swapped by two renames (the old one, stamp and all, stays usable up to the first)
-rm -rf "$VERSION_DIR/bin.old" "$GOTMPDIR"
-[ ! -e "$BIN_DIR" ] || mv "$BIN_DIR" "$VERSION_DIR/bin.old"
-mv "$STAGE" "$BIN_DIR"
-rm -rf "$VERSION_DIR/bin.old"
-trap - EXIT
+rm -rf "$GOTMPDIR"
+publish "$ELAPSED"
 log "done in $(( ELAPSED / 60 ))m$(( ELAPSED % 60 ))s: containerd ${CONTAINERD_VERSION#v}, runc ${RUNC_VERSION#v} (seccomp), crictl ${CRICTL_VERSION#v}"
 echo "$BIN_DIR"
