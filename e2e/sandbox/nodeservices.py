@@ -32,7 +32,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -322,3 +322,16 @@ def stop_node_pod(pod: NodePod, kube: RawApi, *, keep: bool = False) -> list[str
         else:
             shutil.rmtree(pod.services.root, ignore_errors=True)
     return left
+
+
+def serve_node_pod(pod: NodePod, kube: RawApi, testsfailed: Callable[[], int]) -> Iterator[NodePod]:
+    """The body of a test fixture (``yield from``): hand out ``pod``, then stop it and check the
+    stop; when a test that used it failed (``testsfailed``: the session's failure count), print
+    the services' logs and keep the pod's files."""
+    before = testsfailed()
+    yield pod
+    failed = testsfailed() > before
+    if failed:
+        print(pod.logs())
+    left = stop_node_pod(pod, kube, keep=failed)
+    assert not left, f"node services outlived their stop: {left}"

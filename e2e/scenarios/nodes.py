@@ -24,22 +24,24 @@ SHARED_CLAIM_GPU = 2
 MIG_GPU = 3
 L4_MEMORY = 24 * 1024**3  # rounded down: an L4 has 23034 MiB
 
+# An A100 in MIG mode cut as in NVIDIA's MIG quickstart (also the node-agent tier's isolation
+# tests, e2e/tests/test_node_pod_isolation.py)
+QUICKSTART_MIG_A100: dict[str, Any] = {
+    "model": "A100-SXM4-40GB",
+    "migEnabled": True,
+    "migInstances": [
+        {"profile": "2g.10gb", "placement": 0},
+        {"profile": "1g.5gb", "placement": 2},
+        {"profile": "1g.5gb", "placement": 3},
+        {"profile": "3g.20gb", "placement": 4},
+    ],
+}
 FAKE_NODE: dict[str, Any] = {
     "driverVersion": "570.158.01",
     "cudaDriverVersion": "12.8",
     "gpus": [
         {"model": "L4", "count": 3, "numaNode": 0},
-        {
-            "model": "A100-SXM4-40GB",
-            "numaNode": 0,
-            "migEnabled": True,
-            "migInstances": [
-                {"profile": "2g.10gb", "placement": 0},
-                {"profile": "1g.5gb", "placement": 2},
-                {"profile": "1g.5gb", "placement": 3},
-                {"profile": "3g.20gb", "placement": 4},
-            ],
-        },
+        {**QUICKSTART_MIG_A100, "numaNode": 0},
     ],
 }
 

@@ -30,9 +30,9 @@ from e2e.sandbox.nodeagent.testing import (
 from e2e.sandbox.nodeservices import (
     NodePod,
     NodeServices,
+    serve_node_pod,
     start_gpu_node_for,
     start_node_pod,
-    stop_node_pod,
 )
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 from gpuslice_nvml import open_nvml
@@ -51,16 +51,6 @@ SHARED_NVML = {"driverVersion": "615.20"}
 MIG_NODE = [{"model": "A100-SXM4-40GB", "migEnabled": True}]
 
 
-def _node_pod(request: pytest.FixtureRequest, kube: RawApi, pod: NodePod) -> Iterator[NodePod]:
-    failed_before = request.session.testsfailed
-    yield pod
-    failed = request.session.testsfailed > failed_before
-    if failed:
-        print(pod.logs())
-    left = stop_node_pod(pod, kube, keep=failed)
-    assert not left, f"node services outlived their stop: {left}"
-
-
 @pytest.fixture
 def shared_pod(
     sandbox: ControlPlane, kube: RawApi, device_classes: list[str], request: pytest.FixtureRequest
@@ -68,7 +58,7 @@ def shared_pod(
     pod = start_node_pod(
         sandbox, SHARED_NODE, enforcer=True, enforcer_args=("--mps=off",), nvml=SHARED_NVML
     )
-    yield from _node_pod(request, kube, pod)
+    yield from serve_node_pod(pod, kube, lambda: request.session.testsfailed)
 
 
 @pytest.fixture
@@ -76,7 +66,7 @@ def mig_pod(
     sandbox: ControlPlane, kube: RawApi, device_classes: list[str], request: pytest.FixtureRequest
 ) -> Iterator[NodePod]:
     pod = start_node_pod(sandbox, MIG_NODE, enforcer=True, mig_manager=True, dynamic_mig=True)
-    yield from _node_pod(request, kube, pod)
+    yield from serve_node_pod(pod, kube, lambda: request.session.testsfailed)
 
 
 def create(kube: RawApi, namespace: str, plural: str, obj: Obj, gv: str = "v1") -> Obj:
@@ -226,7 +216,7 @@ def test_an_enforcer_that_starts_after_the_plugin_is_picked_up(
     except BaseException:
         services.stop()
         raise
-    for _ in _node_pod(request, kube, NodePod(node, services)):
+    for _ in serve_node_pod(NodePod(node, services), kube, lambda: request.session.testsfailed):
         devices = wait_for(lambda: node.devices(kube) or None, 20, "the node's slices")
         assert all("enforcement" not in d["attributes"] for d in devices.values())
         services.enforcer_args = ["--mps=off"]

@@ -28,7 +28,8 @@ from e2e.sandbox.gpunode import (
     pod_env,
     run_pod,
 )
-from e2e.sandbox.nodeservices import NodePod, start_node_pod, stop_node_pod
+from e2e.sandbox.nodeservices import NodePod, serve_node_pod, start_node_pod
+from e2e.scenarios.nodes import QUICKSTART_MIG_A100
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 from gpuslice_kubelet_plugin.cdispecs import env_key
 from gpuslice_nvml import open_nvml
@@ -40,19 +41,7 @@ GIB = 1024**3
 KIND = "k8s.gpu.gpuslice.dev/claim"
 # GPU 0: an A100 in MIG mode cut as in NVIDIA's MIG quickstart; GPUs 1-4: L4s to share. Driver
 # 615: the CDI hook sets a memory partition on the container's cgroup.
-NODE = [
-    {
-        "model": "A100-SXM4-40GB",
-        "migEnabled": True,
-        "migInstances": [
-            {"profile": "2g.10gb", "placement": 0},
-            {"profile": "1g.5gb", "placement": 2},
-            {"profile": "1g.5gb", "placement": 3},
-            {"profile": "3g.20gb", "placement": 4},
-        ],
-    },
-    {"model": "L4", "count": 4},
-]
+NODE = [QUICKSTART_MIG_A100, {"model": "L4", "count": 4}]
 
 
 @pytest.fixture(scope="module")
@@ -62,13 +51,7 @@ def node_pod(
     pod = start_node_pod(
         sandbox, NODE, enforcer=True, enforcer_args=("--mps=off",), nvml={"driverVersion": "615.20"}
     )
-    failed_before = request.session.testsfailed
-    yield pod
-    failed = request.session.testsfailed > failed_before
-    if failed:
-        print(pod.logs())
-    left = stop_node_pod(pod, kube, keep=failed)
-    assert not left, f"node services outlived their stop: {left}"
+    yield from serve_node_pod(pod, kube, lambda: request.session.testsfailed)
 
 
 class Allocation:

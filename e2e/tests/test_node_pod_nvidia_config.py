@@ -21,7 +21,7 @@ from e2e.sandbox.gpunode import (
     run_pod,
 )
 from e2e.sandbox.nodeagent.testing import events_for, wait_for
-from e2e.sandbox.nodeservices import NodePod, start_node_pod, stop_node_pod
+from e2e.sandbox.nodeservices import NodePod, serve_node_pod, start_node_pod
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as epb
 
@@ -48,13 +48,7 @@ def node_pod(
 ) -> Iterator[NodePod]:
     # driver 615: memory partitioning and MPS protocol 3, the strongest mechanisms
     pod = start_node_pod(sandbox, [{"model": "L4", "count": 2}], nvml={"driverVersion": "615.20"})
-    failed_before = request.session.testsfailed
-    yield pod
-    failed = request.session.testsfailed > failed_before
-    if failed:
-        print(pod.logs())
-    left = stop_node_pod(pod, kube, keep=failed)
-    assert not left, f"node services outlived their stop: {left}"
+    yield from serve_node_pod(pod, kube, lambda: request.session.testsfailed)
 
 
 def opaque(parameters: dict[str, Any], requests: list[str]) -> Obj:
