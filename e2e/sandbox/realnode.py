@@ -5,9 +5,10 @@ joined to the sandbox's control plane (DESIGN.md section 5, tier 4; docs/real-no
         nodes["real-0"].ctr("images", "ls")
 
 Several nodes share one machine without colliding because each runs in a mount namespace of its
-own, where the node's directories lie over /var/lib, /var/log and /run: the kubelet, containerd,
-runc and hostPath volumes see the standard paths (/var/lib/kubelet, /run/containerd,
-/var/run/cdi, /var/log/pods, /var/lib/gpuslice, ...), so the chart's defaults work on every node.
+own, where the node's directories lie over /var/lib, /var/log, /run and /opt: the kubelet,
+containerd, runc and hostPath volumes see the standard paths (/var/lib/kubelet, /run/containerd,
+/var/run/cdi, /var/log/pods, /var/lib/gpuslice, /opt/gpuslice, ...), so the chart's defaults
+work on every node.
 The machine-wide resources a node takes (cgroups, bridge, pod subnet) come from a slot
 (nodehost.py). The kubelet runs with ``--cloud-provider=external``: it leaves the Node's addresses
 to us, and we set the single address InternalIP 127.0.0.1 (a kubelet refuses a loopback
@@ -50,7 +51,8 @@ LABELS = {"nvidia.com/gpu.present": "true", REAL_LABEL: "real"}
 INTERNAL_IP = {"type": "InternalIP", "address": "127.0.0.1"}
 CLOUD_TAINT = "node.cloudprovider.kubernetes.io/uninitialized"
 # The node's directories laid over these paths inside its mount namespace.
-OVERLAID = ("/var/lib", "/var/log", "/run")
+# /opt too: hostPaths outside the three, like the enforcer hook's default /opt/gpuslice
+OVERLAID = ("/var/lib", "/var/log", "/run", "/opt")
 _ENV_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -180,7 +182,7 @@ class RealNode:
 
     # ---- paths -----------------------------------------------------------------------------
     def fs(self, overlaid: str) -> Path:
-        """The node's directory that lies over ``overlaid`` (/var/lib, /var/log, /run)."""
+        """The node's directory that lies over ``overlaid`` (/var/lib, /var/log, /run, /opt)."""
         return self.dir / "fs" / overlaid.strip("/").replace("/", "-")
 
     def host_path(self, node_path: str) -> Path:
@@ -275,7 +277,7 @@ class RealNode:
 
     def spawn_holder(self) -> None:
         """The process that owns the node's mount namespace: private propagation from the host,
-        the node's directories over /var/lib, /var/log and /run, then / made rshared (as on a
+        the node's directories over /var/lib, /var/log, /run and /opt, then / made rshared (as on a
         systemd host: the kubelet's Bidirectional mounts and runc's rslave mounts need it)."""
         ready = self.dir / "holder.ready"
         ready.unlink(missing_ok=True)
@@ -383,7 +385,7 @@ class RealNode:
     ) -> subprocess.CompletedProcess[str]:
         """Run ``ctr -n k8s.io ARGS`` against this node's containerd, inside the node's mount
         namespace (the host path of the socket may exceed the 108-byte limit of unix sockets;
-        file arguments outside /var/lib, /var/log and /run are the same paths there)."""
+        file arguments outside /var/lib, /var/log, /run and /opt are the same paths there)."""
         assert self.holder is not None
         argv = [
             "nsenter", f"--target={self.holder.pid}", "--mount", "--",

@@ -53,8 +53,7 @@ def gpu_count() -> int:
 
 def chart_values(images: dict[str, str], *, registry: str = "") -> dict[str, Any]:
     """Helm values for a scenario cluster: our images (service name → full reference, never
-    pulled), the fake NVML node above, the enforcer's hook under the state directory (which
-    every node of the sandbox has to itself)."""
+    pulled) and the fake NVML node above; everything else is the chart's default."""
 
     def image(service: str) -> dict[str, str]:
         ref = images[service]
@@ -65,10 +64,7 @@ def chart_values(images: dict[str, str], *, registry: str = "") -> dict[str, Any
         "image": {"registry": registry, "pullPolicy": "Never"},
         "nvml": {"backend": "fake", "fakeConfig": FAKE_NODE},
         "kubeletPlugin": {"image": image("kubelet-plugin")},
-        "enforcer": {
-            "image": image("enforcer"),
-            "hook": {"hostDir": "/var/lib/gpuslice/hook"},
-        },
+        "enforcer": {"image": image("enforcer")},
         "migManager": {"image": image("mig-manager")},
         **(
             {"devicePlugin": {"image": image("device-plugin")}} if "device-plugin" in images else {}
