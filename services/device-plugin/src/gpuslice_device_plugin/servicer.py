@@ -80,7 +80,10 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         log.info("ListAndWatch started", resource=self.resource.name, devices=len(last.devices))
         yield last
         while context.is_active() and not self.stopped.is_set() and not self.health.stopped:
-            generation = self.health.wait_change(generation, 1.0, self.stopped)
+            changed = self.health.wait_change(generation, 1.0, self.stopped)
+            if changed == generation:  # a timeout (or a stop): nothing to send
+                continue
+            generation = changed
             current = self.snapshot()
             if current != last:
                 last = current
