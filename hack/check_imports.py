@@ -2,8 +2,8 @@
 
 The contracts are derived from the workspace itself, so a new service is covered the moment it
 exists: every package under services/ sits in the top layer and may import nothing of another
-service; libs sit below and may never import a service; among the libs, nvml and kube may use
-core, and core and the generated protos use no other gpuslice package.
+service; libs sit below and may never import a service; among the libs, nvml, kube and api may
+use core, and core and the generated protos use no other gpuslice package.
 
 Usage: .venv/bin/python hack/check_imports.py   (exit status of lint-imports)
 """
@@ -17,7 +17,10 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-LIB_LAYERS = ["gpuslice_nvml | gpuslice_kube", "gpuslice_core | gpuslice_protos"]
+LIB_LAYERS = [
+    "gpuslice_nvml | gpuslice_kube | gpuslice_api",
+    "gpuslice_core | gpuslice_protos",
+]
 
 
 def member_packages(kind: str) -> list[str]:

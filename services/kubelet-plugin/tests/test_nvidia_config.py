@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from gpuslice_api.gpuconfig import decode
 from gpuslice_core.errors import InvalidArgumentError
 from gpuslice_kubelet_plugin.claims import ClaimError, ClaimRef, parse_claim
-from gpuslice_kubelet_plugin.config import decode
 from gpuslice_kubelet_plugin.discovery import DRIVER, Inventory, discover
 from gpuslice_kubelet_plugin.plan import Plan, make_plan
 from gpuslice_kubelet_plugin.testing.dra import gpu_config, result

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpuslice_api import gpuconfig as cfg
 from gpuslice_core.errors import GpusliceError, InvalidArgumentError
 from gpuslice_kube.raw import Obj
-from gpuslice_kubelet_plugin import config as cfg
 
 SOURCE_ORDER = {"FromClass": 0, "FromClaim": 1}
 

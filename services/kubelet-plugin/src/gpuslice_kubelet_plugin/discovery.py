@@ -26,9 +26,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuslice_api.quantity import MIB, format_bytes
 from gpuslice_core.logging import get_logger
 from gpuslice_kubelet_plugin.enforcer import GpuEnforcement
-from gpuslice_kubelet_plugin.quantity import MIB, format_bytes
 from gpuslice_nvml import GpuInfo, GpuInstanceProfile, MigDevice, Nvml, NvmlGpuLost, SystemInfo
 
 log = get_logger(__name__)

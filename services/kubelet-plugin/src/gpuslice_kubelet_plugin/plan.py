@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuslice_api.gpuconfig import GpuConfig, effective_config
+from gpuslice_api.nvconfig import MPS
+from gpuslice_api.quantity import MIB, human_bytes, quantity_int
 from gpuslice_core.errors import InvalidArgumentError
 from gpuslice_kubelet_plugin.checkpoint import ClaimRecord, DeviceRecord, PluginState
 from gpuslice_kubelet_plugin.claims import AllocatedClaim, ClaimError, Result
-from gpuslice_kubelet_plugin.config import GpuConfig, effective_config
 from gpuslice_kubelet_plugin.discovery import CORES, MEMORY, Device, Inventory
 from gpuslice_kubelet_plugin.enforcer import ShareRequest
-from gpuslice_kubelet_plugin.nvconfig import MPS
-from gpuslice_kubelet_plugin.quantity import MIB, human_bytes, quantity_int
 
 PER_DEVICE = f"{MPS}.defaultPerDevicePinnedMemoryLimit"
 

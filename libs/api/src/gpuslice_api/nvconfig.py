@@ -28,8 +28,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from gpuslice_api.quantity import memory_quantity
 from gpuslice_core.errors import InvalidArgumentError
-from gpuslice_kubelet_plugin.quantity import memory_quantity
 
 API_VERSION = "resource.nvidia.com/v1beta1"
 KINDS = ("GpuConfig", "MigDeviceConfig")

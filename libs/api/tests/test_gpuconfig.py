@@ -6,9 +6,9 @@ from fractions import Fraction
 
 import pytest
 
+from gpuslice_api.gpuconfig import decode
+from gpuslice_api.quantity import format_bytes, human_bytes, parse_quantity
 from gpuslice_core.errors import InvalidArgumentError
-from gpuslice_kubelet_plugin.config import decode
-from gpuslice_kubelet_plugin.quantity import format_bytes, human_bytes, parse_quantity
 
 BASE = {"apiVersion": "gpu.gpuslice.dev/v1alpha1", "kind": "GpuConfig"}
 

@@ -33,9 +33,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
+from gpuslice_api import nvconfig
+from gpuslice_api.quantity import memory_quantity
 from gpuslice_core.errors import InvalidArgumentError
-from gpuslice_kubelet_plugin import nvconfig
-from gpuslice_kubelet_plugin.quantity import memory_quantity
 
 API_VERSION = "gpu.gpuslice.dev/v1alpha1"
 KIND = "GpuConfig"
