@@ -1,0 +1,120 @@
+"""AdmissionReview in, AdmissionReview out (admission.k8s.io/v1).
+
+A reviewer is a function from the request to a ``Decision``; this module does the envelope:
+it echoes the request's ``uid``, encodes a JSON patch, turns a reviewer's exception into a denial
+(or an allowance, for reviewers that must never block) with the reason, and records the
+outcome in metrics. Reviewers stay free of HTTP and of the envelope's details.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import Counter, Histogram
+
+from gpuslice_core.logging import get_logger
+
+log = get_logger(__name__)
+
+Request = dict[str, Any]
+
+REVIEWS = Counter(
+    "gpuslice_controller_admission_total",
+    "Admission reviews answered, by webhook and result (allowed, denied, patched, error).",
+    ["webhook", "result"],
+)
+DURATION = Histogram(
+    "gpuslice_controller_admission_duration_seconds",
+    "Time to answer one admission review, by webhook.",
+    ["webhook"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A reviewer's answer: allowed or not, why, warnings for the user, and a patch."""
+
+    allowed: bool
+    message: str = ""
+    warnings: tuple[str, ...] = ()
+    patch: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def allow(cls, *warnings: str, patch: list[dict[str, Any]] | None = None) -> Decision:
+        return cls(True, "", tuple(warnings), patch or [])
+
+    @classmethod
+    def deny(cls, message: str, *warnings: str) -> Decision:
+        return cls(False, message, tuple(warnings))
+
+
+Reviewer = Callable[[Request], Decision]
+
+
+class BadReviewError(ValueError):
+    """The body is not an AdmissionReview this server can answer (HTTP 400)."""
+
+
+def parse(body: bytes) -> Request:
+    try:
+        review = json.loads(body)
+    except ValueError as exc:
+        raise BadReviewError(f"body is not JSON: {exc}") from exc
+    if not isinstance(review, dict) or review.get("kind") != "AdmissionReview":
+        raise BadReviewError("body is not an AdmissionReview")
+    if review.get("apiVersion") != "admission.k8s.io/v1":
+        raise BadReviewError(
+            f"AdmissionReview {review.get('apiVersion')!r} is not served; "
+            "set admissionReviewVersions: [v1]"
+        )
+    request = review.get("request")
+    if not isinstance(request, dict) or not request.get("uid"):
+        raise BadReviewError("AdmissionReview has no request.uid")
+    return request
+
+
+def answer(webhook: str, body: bytes, reviewer: Reviewer) -> bytes:
+    """The response body for an AdmissionReview ``body``; raises ``BadReviewError``."""
+    start = time.perf_counter()
+    request = parse(body)
+    try:
+        decision = reviewer(request)
+        result = "patched" if decision.patch else ("allowed" if decision.allowed else "denied")
+    except Exception as exc:  # a bug must answer, not hang the API server's call
+        log.exception("reviewer failed", webhook=webhook, uid=request["uid"])
+        decision = Decision.deny(f"gpuslice-controller could not review this object: {exc}")
+        result = "error"
+    response: dict[str, Any] = {"uid": request["uid"], "allowed": decision.allowed}
+    if not decision.allowed:
+        response["status"] = {"code": 403, "reason": "Forbidden", "message": decision.message}
+    if decision.warnings:
+        response["warnings"] = list(decision.warnings)
+    if decision.patch:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(json.dumps(decision.patch).encode()).decode()
+    elapsed = time.perf_counter() - start
+    REVIEWS.labels(webhook, result).inc()
+    DURATION.labels(webhook).observe(elapsed)
+    kind = request.get("kind") or {}
+    log.info(
+        "admission",
+        webhook=webhook,
+        uid=request["uid"],
+        kind=kind.get("kind"),
+        version=kind.get("version"),
+        namespace=request.get("namespace"),
+        name=request.get("name") or (request.get("object") or {}).get("metadata", {}).get("name"),
+        operation=request.get("operation"),
+        result=result,
+        message=decision.message or None,
+        warnings=len(decision.warnings) or None,
+        duration_ms=round(elapsed * 1000, 2),
+    )
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+    return json.dumps(review).encode()

@@ -1,0 +1,115 @@
+"""What the webhooks need to know about the cluster's GPUs, kept from a watch of ResourceSlices.
+
+Only our driver's slices are watched (field selector ``spec.driver``), and of each only what the
+admission checks use: the largest whole-GPU memory on each slice and the product names, so a
+claim or a translated pod that asks for more memory than any GPU has is refused at the door
+instead of waiting forever. Nothing that can be derived is kept.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from gpuslice_api.quantity import parse_quantity
+from gpuslice_core.errors import InvalidArgumentError
+from gpuslice_core.logging import get_logger
+from gpuslice_kube.raw import Obj, RawApi
+from gpuslice_kube.reflector import Reflector, object_key
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class SliceFacts:
+    max_gpu_memory: int
+    """Bytes: the largest ``memory`` capacity of a whole GPU (``type: gpu``) on the slice."""
+
+
+def _value(attribute: Obj | None) -> object:
+    if not attribute:
+        return None
+    for key in ("string", "int", "version", "bool"):
+        if key in attribute:
+            return attribute[key]
+    return None
+
+
+def slice_facts(obj: Obj, driver: str) -> SliceFacts:
+    """The facts of one ResourceSlice (resource.k8s.io v1, v1beta2 or v1beta1)."""
+    largest = 0
+    for device in (obj.get("spec") or {}).get("devices") or []:
+        body = device.get("basic") or device  # v1beta1 nests the device under "basic"
+        attributes = body.get("attributes") or {}
+        kind = _value(attributes.get("type") or attributes.get(f"{driver}/type"))
+        if kind != "gpu":
+            continue
+        memory = ((body.get("capacity") or {}).get("memory") or {}).get("value")
+        if memory is None:
+            continue
+        try:
+            largest = max(largest, int(parse_quantity(memory)))
+        except InvalidArgumentError:
+            log.warning(
+                "slice publishes an unreadable memory capacity",
+                slice=obj["metadata"]["name"],
+                device=device.get("name"),
+                value=memory,
+            )
+    return SliceFacts(largest)
+
+
+class GpuInventory:
+    """Our driver's ResourceSlices, reduced to ``SliceFacts``; ``max_gpu_memory`` over all."""
+
+    def __init__(self, raw: RawApi, *, driver: str, version: str) -> None:
+        self.driver = driver
+        self._facts: dict[str, SliceFacts] = {}
+        self._lock = threading.Lock()
+        self.reflector = Reflector(
+            raw,
+            f"/apis/resource.k8s.io/{version}/resourceslices",
+            self._on_event,
+            field_selector=f"spec.driver={driver}",
+        )
+        # The cache holds whole slices; this consumer needs only the facts.
+        self.reflector.cache = _Keys()
+
+    def _on_event(self, event_type: str, obj: Obj) -> None:
+        key = object_key(obj)
+        with self._lock:
+            if event_type == "DELETED":
+                self._facts.pop(key, None)
+            else:
+                self._facts[key] = slice_facts(obj, self.driver)
+
+    def start(self) -> None:
+        self.reflector.start()
+
+    def stop(self) -> None:
+        self.reflector.stop()
+
+    def synced(self) -> bool:
+        return self.reflector.synced.is_set()
+
+    def max_gpu_memory(self) -> int | None:
+        """Bytes of the largest GPU our driver publishes; None when it publishes none (yet)."""
+        with self._lock:
+            largest = max((f.max_gpu_memory for f in self._facts.values()), default=0)
+        return largest or None
+
+
+class _Keys(dict[str, Obj]):
+    """A reflector cache that keeps only each object's resourceVersion (for relist diffs)."""
+
+    def __setitem__(self, key: str, obj: Obj) -> None:
+        meta = obj.get("metadata") or {}
+        super().__setitem__(
+            key,
+            {
+                "metadata": {
+                    "name": meta.get("name"),
+                    "resourceVersion": meta.get("resourceVersion"),
+                }
+            },
+        )

@@ -1,0 +1,191 @@
+"""Keep the webhook's certificates in their Secret and the CA bundle in the webhook configurations.
+
+Run by the leader only (``--manage-certificates``; with cert-manager the chart turns it off and
+cert-manager's CA injector publishes the bundle). One ``reconcile`` call makes every change the
+state needs, in the safe order of ``certs.next_step``: a new CA is stored and published before
+any serving certificate is issued from it. Every write is a compare-and-swap on the object's
+resourceVersion, so two controllers that both think they lead cannot overwrite each other: the
+loser re-reads on its next pass.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpuslice_controller import certs
+from gpuslice_core.logging import get_logger
+from gpuslice_kube.errors import ConflictError, KubeAlreadyExistsError, KubeNotFoundError
+from gpuslice_kube.raw import Obj, RawApi
+
+log = get_logger(__name__)
+
+ADMISSION = "/apis/admissionregistration.k8s.io/v1"
+MAX_STEPS = 4
+"""Passes per reconcile: bootstrap, or new CA → publish → new serving certificate."""
+
+
+@dataclass(frozen=True)
+class WebhookConfigs:
+    """The webhook configurations whose ``caBundle`` the controller owns, by name."""
+
+    validating: tuple[str, ...] = ()
+    mutating: tuple[str, ...] = ()
+
+    def paths(self) -> list[str]:
+        return [f"{ADMISSION}/validatingwebhookconfigurations/{n}" for n in self.validating] + [
+            f"{ADMISSION}/mutatingwebhookconfigurations/{n}" for n in self.mutating
+        ]
+
+
+def secret_path(namespace: str, name: str = "") -> str:
+    base = f"/api/v1/namespaces/{namespace}/secrets"
+    return f"{base}/{name}" if name else base
+
+
+def decode_data(secret: Obj) -> dict[str, bytes]:
+    return {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
+
+
+def _encode(data: dict[str, bytes]) -> dict[str, str]:
+    return {k: base64.b64encode(v).decode() for k, v in data.items()}
+
+
+class Rotator:
+    """Reconciles one Secret and a set of webhook configurations."""
+
+    def __init__(
+        self,
+        raw: RawApi,
+        *,
+        namespace: str,
+        secret: str,
+        webhooks: WebhookConfigs,
+        policy: certs.Policy,
+        clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+    ) -> None:
+        self.raw = raw
+        self.namespace = namespace
+        self.secret = secret
+        self.webhooks = webhooks
+        self.policy = policy
+        self.clock = clock
+
+    # -- the Secret ------------------------------------------------------------------------
+
+    def _read(self) -> Obj | None:
+        try:
+            return self.raw.get(secret_path(self.namespace, self.secret))
+        except KubeNotFoundError:
+            return None
+
+    def _write(self, existing: Obj | None, material: certs.Material) -> None:
+        body: Obj = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "kubernetes.io/tls",
+            "metadata": {
+                "name": self.secret,
+                "namespace": self.namespace,
+                "labels": {"app.kubernetes.io/managed-by": "gpuslice-controller"},
+            },
+            "data": _encode(material.secret_data()),
+        }
+        if existing is None:
+            self.raw.create(secret_path(self.namespace), body)
+            return
+        meta = existing["metadata"]
+        body["metadata"] = {
+            **meta,
+            "labels": {**(meta.get("labels") or {}), **body["metadata"]["labels"]},
+        }
+        self.raw.replace(secret_path(self.namespace, self.secret), body)
+
+    # -- the bundle ------------------------------------------------------------------------
+
+    def _configs(self) -> list[tuple[str, Obj | None]]:
+        found: list[tuple[str, Obj | None]] = []
+        for path in self.webhooks.paths():
+            try:
+                found.append((path, self.raw.get(path)))
+            except KubeNotFoundError:
+                found.append((path, None))
+        return found
+
+    def _published(self, material: certs.Material) -> bool:
+        for _path, config in self._configs():
+            if config is None:
+                continue  # nothing to publish to yet; the chart creates it
+            for hook in config.get("webhooks") or []:
+                bundle = (hook.get("clientConfig") or {}).get("caBundle")
+                if not certs.bundle_trusts(base64.b64decode(bundle) if bundle else None, material):
+                    return False
+        return True
+
+    def publish(self, ca_bundle: bytes) -> list[str]:
+        """Set every webhook's ``caBundle`` to ``ca_bundle``; returns the configurations changed."""
+        want = base64.b64encode(ca_bundle).decode()
+        changed = []
+        for path, config in self._configs():
+            if config is None:
+                log.warning("webhook configuration not found; nothing to publish to", path=path)
+                continue
+            hooks = config.get("webhooks") or []
+            if all((h.get("clientConfig") or {}).get("caBundle") == want for h in hooks):
+                continue
+            for hook in hooks:
+                hook.setdefault("clientConfig", {})["caBundle"] = want
+            try:
+                self.raw.replace(path, config)
+            except ConflictError:
+                log.info("webhook configuration changed while publishing; next pass", path=path)
+                continue
+            changed.append(path.rsplit("/", 1)[-1])
+        return changed
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def reconcile(self) -> str:
+        """Bring the Secret and the bundles up to date; returns what was done (for logs)."""
+        done: list[str] = []
+        for _ in range(MAX_STEPS):
+            secret = self._read()
+            current = certs.Material.from_secret_data(decode_data(secret)) if secret else None
+            published = current is not None and self._published(current)
+            step = certs.next_step(current, self.policy, self.clock(), bundle_published=published)
+            if step.material is not None:
+                try:
+                    self._write(secret, step.material)
+                except (ConflictError, KubeAlreadyExistsError):
+                    done.append("the Secret changed under us; read again")
+                    continue
+                done.append(step.reason)
+                current = step.material
+            if current is not None:
+                changed = self.publish(current.ca_certs)
+                if changed:
+                    done.append(f"published the CA bundle to {', '.join(changed)}")
+                    continue
+            if step.material is None:
+                if step.reason != "up to date" or not done:
+                    done.append(step.reason)
+                break
+        return "; ".join(done)
+
+    def run(self, stop: threading.Event, interval: float) -> None:
+        """Reconcile now and every ``interval`` seconds until ``stop`` is set."""
+        while not stop.is_set():
+            try:
+                outcome = self.reconcile()
+                log.info("certificates reconciled", secret=self.secret, outcome=outcome)
+            except Exception as exc:  # a failed pass is retried on the next one
+                log.warning("certificate reconcile failed", secret=self.secret, error=str(exc))
+            stop.wait(interval)
+
+
+def names(value: str) -> tuple[str, ...]:
+    """A comma-separated flag value as a tuple of names."""
+    return tuple(n.strip() for n in value.split(",") if n.strip())
