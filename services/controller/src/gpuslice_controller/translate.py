@@ -441,7 +441,7 @@ def _request(
         options.append((size, {"cores": str(cores), "memory": format_bytes(memory)}))
     config = _work_conserving(domain) if invented else None
     if len(options) == 1:
-        size, capacity = options[0]
+        _, capacity = options[0]
         return _single(exactly(capacity)), config, f"{gpus}, {_show(capacity)}"
     if len(options) > MAX_ALTERNATIVES:
         raise Denied(
