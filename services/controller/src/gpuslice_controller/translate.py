@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import string
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -437,7 +436,7 @@ def _request(
         else:
             assert ask.memory_percent is not None
             memory = max(MIB, size // MIB * ask.memory_percent // 100 * MIB)
-        cores = ask.cores if ask.cores is not None else max(1, math.ceil(100 * memory / size))
+        cores = ask.cores if ask.cores is not None else max(1, -(-100 * memory // size))
         options.append((size, {"cores": str(cores), "memory": format_bytes(memory)}))
     config = _work_conserving(domain) if invented else None
     if len(options) == 1:
