@@ -203,3 +203,17 @@ watched live by the MIG manager and need no restart). */}}
 {{- if eq .Values.nvml.backend "fake" }}{{ $fake = include "gpuslice.fakeConfig" . }}{{ end }}
 {{- printf "%s\n---\n%s" $fake (.Files.Get "files/node-setup.py") | sha256sum }}
 {{- end }}
+
+{{/* A controller webhook's clientConfig: the Service, or webhook.url in development;
+call with (dict "c" .Values.controller "name" <service> "ns" <namespace> "path" <path>). */}}
+{{- define "gpuslice.controllerClientConfig" -}}
+{{- if .c.webhook.url -}}
+url: {{ printf "%s/%s" (trimSuffix "/" .c.webhook.url) .path | quote }}
+{{- else -}}
+service:
+  name: {{ .name }}
+  namespace: {{ .ns }}
+  path: /{{ .path }}
+  port: 443
+{{- end -}}
+{{- end }}

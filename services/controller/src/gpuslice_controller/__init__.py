@@ -5,3 +5,5 @@ for gpuslice's DeviceClasses at the door (the same strict GpuConfig decoder as t
 plugin, capacity requests against the device model), and a mutating webhook that turns the pod
 specs of other GPU-sharing systems (HAMi, gpushare, vCUDA, qGPU, Volcano) into DRA claims.
 """
+
+__version__ = "0.1.0"

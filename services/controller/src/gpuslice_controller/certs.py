@@ -40,6 +40,9 @@ CA_KEY = "ca.key"
 TLS_CERT = "tls.crt"
 TLS_KEY = "tls.key"
 ORGANIZATION = "gpuslice"
+BACKDATE = dt.timedelta(minutes=1)
+"""Certificates are valid from a minute before they are made, for clocks that disagree a
+little; lifetimes and renewal are measured from when they were made."""
 
 
 @dataclass(frozen=True)
@@ -122,8 +125,7 @@ def _base(
         .issuer_name(issuer or name)
         .public_key(public_key)
         .serial_number(x509.random_serial_number())
-        # A minute of slack for clocks that disagree a little.
-        .not_valid_before(now - dt.timedelta(minutes=1))
+        .not_valid_before(now - BACKDATE)
         .not_valid_after(now + validity)
     )
 
@@ -196,7 +198,7 @@ def bootstrap(policy: Policy, now: dt.datetime) -> Material:
 
 def due(cert: x509.Certificate, now: dt.datetime, fraction: float) -> bool:
     """Whether less than ``fraction`` of ``cert``'s lifetime is left (or it is expired)."""
-    start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+    start, end = cert.not_valid_before_utc + BACKDATE, cert.not_valid_after_utc
     return end - now < (end - start) * fraction
 
 

@@ -1,7 +1,7 @@
 """What the webhooks need to know about the cluster's GPUs, kept from a watch of ResourceSlices.
 
 Only our driver's slices are watched (field selector ``spec.driver``), and of each only what the
-admission checks use: the largest whole-GPU memory on each slice and the product names, so a
+admission checks use: the memory sizes of the whole GPUs on each slice, so a
 claim or a translated pod that asks for more memory than any GPU has is refused at the door
 instead of waiting forever. Nothing that can be derived is kept.
 """
@@ -22,8 +22,8 @@ log = get_logger(__name__)
 
 @dataclass(frozen=True)
 class SliceFacts:
-    max_gpu_memory: int
-    """Bytes: the largest ``memory`` capacity of a whole GPU (``type: gpu``) on the slice."""
+    gpu_memory: frozenset[int]
+    """Bytes: the distinct ``memory`` capacities of the whole GPUs (``type: gpu``) on the slice."""
 
 
 def _value(attribute: Obj | None) -> object:
@@ -37,7 +37,7 @@ def _value(attribute: Obj | None) -> object:
 
 def slice_facts(obj: Obj, driver: str) -> SliceFacts:
     """The facts of one ResourceSlice (resource.k8s.io v1, v1beta2 or v1beta1)."""
-    largest = 0
+    sizes: set[int] = set()
     for device in (obj.get("spec") or {}).get("devices") or []:
         body = device.get("basic") or device  # v1beta1 nests the device under "basic"
         attributes = body.get("attributes") or {}
@@ -48,7 +48,7 @@ def slice_facts(obj: Obj, driver: str) -> SliceFacts:
         if memory is None:
             continue
         try:
-            largest = max(largest, int(parse_quantity(memory)))
+            sizes.add(int(parse_quantity(memory)))
         except InvalidArgumentError:
             log.warning(
                 "slice publishes an unreadable memory capacity",
@@ -56,11 +56,11 @@ def slice_facts(obj: Obj, driver: str) -> SliceFacts:
                 device=device.get("name"),
                 value=memory,
             )
-    return SliceFacts(largest)
+    return SliceFacts(frozenset(sizes))
 
 
 class GpuInventory:
-    """Our driver's ResourceSlices, reduced to ``SliceFacts``; ``max_gpu_memory`` over all."""
+    """Our driver's ResourceSlices, reduced to ``SliceFacts``, and what they add up to."""
 
     def __init__(self, raw: RawApi, *, driver: str, version: str) -> None:
         self.driver = driver
@@ -92,11 +92,14 @@ class GpuInventory:
     def synced(self) -> bool:
         return self.reflector.synced.is_set()
 
+    def gpu_memory_sizes(self) -> frozenset[int]:
+        """The distinct memory sizes (bytes) of the whole GPUs our driver publishes."""
+        with self._lock:
+            return frozenset().union(*(f.gpu_memory for f in self._facts.values()))
+
     def max_gpu_memory(self) -> int | None:
         """Bytes of the largest GPU our driver publishes; None when it publishes none (yet)."""
-        with self._lock:
-            largest = max((f.max_gpu_memory for f in self._facts.values()), default=0)
-        return largest or None
+        return max(self.gpu_memory_sizes(), default=None)
 
 
 class _Keys(dict[str, Obj]):

@@ -16,6 +16,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from cryptography.hazmat.primitives import hashes
+
 from gpuslice_controller import certs
 from gpuslice_core.logging import get_logger
 from gpuslice_kube.errors import ConflictError, KubeAlreadyExistsError, KubeNotFoundError
@@ -26,6 +28,9 @@ log = get_logger(__name__)
 ADMISSION = "/apis/admissionregistration.k8s.io/v1"
 MAX_STEPS = 4
 """Passes per reconcile: bootstrap, or new CA → publish → new serving certificate."""
+PUBLISH_GRACE = 10.0
+"""Seconds a newly published CA bundle is given to reach every API server (their webhook
+configuration informers) before a certificate from the new CA is served."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,7 @@ class Rotator:
         webhooks: WebhookConfigs,
         policy: certs.Policy,
         clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+        publish_grace: float = PUBLISH_GRACE,
     ) -> None:
         self.raw = raw
         self.namespace = namespace
@@ -73,6 +79,8 @@ class Rotator:
         self.webhooks = webhooks
         self.policy = policy
         self.clock = clock
+        self.publish_grace = dt.timedelta(seconds=publish_grace)
+        self._seen_published: dict[bytes, dt.datetime] = {}
 
     # -- the Secret ------------------------------------------------------------------------
 
@@ -125,6 +133,15 @@ class Rotator:
                     return False
         return True
 
+    def _settled(self, material: certs.Material) -> bool:
+        """Published, and the newest CA seen published for ``publish_grace`` (by this process:
+        a new leader waits the grace again, which is the safe side)."""
+        if not self._published(material):
+            return False
+        newest = material.cas()[-1].fingerprint(hashes.SHA256())
+        first = self._seen_published.setdefault(newest, self.clock())
+        return self.clock() - first >= self.publish_grace
+
     def publish(self, ca_bundle: bytes) -> list[str]:
         """Set every webhook's ``caBundle`` to ``ca_bundle``; returns the configurations changed."""
         want = base64.b64encode(ca_bundle).decode()
@@ -154,7 +171,7 @@ class Rotator:
         for _ in range(MAX_STEPS):
             secret = self._read()
             current = certs.Material.from_secret_data(decode_data(secret)) if secret else None
-            published = current is not None and self._published(current)
+            published = current is not None and self._settled(current)
             step = certs.next_step(current, self.policy, self.clock(), bundle_published=published)
             if step.material is not None:
                 try:

@@ -1,0 +1,196 @@
+"""Assembly and start/stop order of the controller.
+
+Start: API client → resource.k8s.io version → caches (our ResourceSlices, the claim templates
+this controller made, the TLS Secret) → HTTPS server → leader election (the leader manages the
+certificates) → metrics. The server answers /readyz only once a certificate is loaded and the
+caches have synced, so no review is answered from an empty cache. Stop (SIGTERM, SIGINT):
+readiness goes first, then the server finishes the reviews in flight, then the caches stop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import threading
+from pathlib import Path
+from types import FrameType
+
+from gpuslice_controller import __version__, certs, rotation
+from gpuslice_controller.inventory import GpuInventory
+from gpuslice_controller.leader import Leadership
+from gpuslice_controller.mutate import PodTranslator
+from gpuslice_controller.server import ServingCert, WebhookServer
+from gpuslice_controller.translate import ClusterFacts
+from gpuslice_controller.validate import ClaimValidator, Classes
+from gpuslice_core import metrics
+from gpuslice_core.errors import FailedPreconditionError, GpusliceError
+from gpuslice_core.logging import configure, get_logger
+from gpuslice_kube.client import new_api_client
+from gpuslice_kube.raw import Obj, RawApi
+from gpuslice_kube.reflector import Reflector
+
+log = get_logger(__name__)
+
+PREFERENCE = ("v1", "v1beta2", "v1beta1")
+
+
+def resource_api_version(raw: RawApi, wanted: str) -> str:
+    """The resource.k8s.io version to use: ``wanted``, or the newest served for ``auto``."""
+    group = raw.get("/apis/resource.k8s.io")
+    served = [v["version"] for v in group.get("versions") or []]
+    if wanted != "auto":
+        if wanted not in served:
+            raise FailedPreconditionError(
+                f"--resource-api {wanted}: the API server serves resource.k8s.io "
+                f"{', '.join(served) or 'in no version'}"
+            )
+        return wanted
+    for version in PREFERENCE:
+        if version in served:
+            return version
+    raise FailedPreconditionError(
+        "the API server does not serve resource.k8s.io (DRA); served: " + (", ".join(served) or "-")
+    )
+
+
+class TlsSecretWatch:
+    """Loads the serving certificate from the TLS Secret whenever it changes (every replica)."""
+
+    def __init__(self, raw: RawApi, namespace: str, secret: str, cert: ServingCert) -> None:
+        self.cert = cert
+        self.secret = secret
+        self.reflector = Reflector(
+            raw,
+            rotation.secret_path(namespace),
+            self._on_event,
+            field_selector=f"metadata.name={secret}",
+        )
+
+    def _on_event(self, event_type: str, obj: Obj) -> None:
+        if event_type == "DELETED":
+            log.warning("TLS secret deleted; serving the last certificate", secret=self.secret)
+            return
+        data = rotation.decode_data(obj)
+        cert, key = data.get(certs.TLS_CERT), data.get(certs.TLS_KEY)
+        if not cert or not key:
+            log.info("TLS secret has no certificate yet", secret=self.secret)
+            return
+        try:
+            self.cert.load(cert, key)
+        except (ValueError, OSError) as exc:  # ssl.SSLError is an OSError
+            log.error(
+                "TLS secret holds an unusable certificate", secret=self.secret, error=str(exc)
+            )
+
+
+def _wait_for_stop(stop: threading.Event) -> int:
+    received: list[int] = []
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        received.append(signum)
+        stop.set()
+
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, handler)
+    stop.wait()
+    return received[0] if received else 0
+
+
+def run(args: argparse.Namespace) -> int:
+    configure(component="controller", level=args.log_level)
+    try:
+        return _run(args)
+    except GpusliceError as exc:
+        log.error("cannot start", error=str(exc))
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
+    api_client = new_api_client(
+        args.kubeconfig, user_agent=f"gpuslice-controller/{__version__}", pool_size=32
+    )
+    raw = RawApi(api_client)
+    version = resource_api_version(raw, args.resource_api)
+    identity = args.identity or f"{socket.gethostname()}-{os.getpid()}"
+    classes = Classes(
+        args.driver_name, frozenset(args.gpu_device_classes), frozenset(args.mig_device_classes)
+    )
+    inventory = GpuInventory(raw, driver=args.driver_name, version=version)
+    validator = ClaimValidator(classes, inventory.max_gpu_memory)
+    translator = PodTranslator(
+        raw,
+        version=version,
+        facts=lambda: ClusterFacts(inventory.gpu_memory_sizes()),
+        driver=args.driver_name,
+        device_class=args.gpu_device_classes[0],
+    )
+    cert = ServingCert(Path(args.cert_dir))
+    secret_watch = TlsSecretWatch(raw, args.namespace, args.tls_secret, cert)
+    server = WebhookServer(
+        metrics.parse_addr(args.webhook_addr),
+        cert,
+        {"validate": ("claims", validator.review), "mutate": ("pods", translator.review)},
+        readiness={
+            "the ResourceSlice cache": inventory.synced,
+            "the claim template cache": translator.synced,
+        },
+    )
+    leadership: Leadership | None = None
+    rotator: rotation.Rotator | None = None
+    if args.manage_certificates:
+        if not args.cert_hosts:
+            raise FailedPreconditionError(
+                "--manage-certificates needs --cert-hosts (the names the API server calls)"
+            )
+        rotator = rotation.Rotator(
+            raw,
+            namespace=args.namespace,
+            secret=args.tls_secret,
+            webhooks=rotation.WebhookConfigs(args.validating_webhooks, args.mutating_webhooks),
+            policy=certs.Policy(tuple(args.cert_hosts), args.ca_validity, args.cert_validity),
+        )
+    interval = args.cert_check_interval
+
+    def lead(stop_leading: threading.Event) -> None:
+        if rotator is not None:
+            rotator.run(stop_leading, interval)
+        else:
+            stop_leading.wait()
+
+    http = metrics.serve(args.metrics_addr) if args.metrics_addr else None
+    stop = threading.Event()
+    log.info(
+        "starting",
+        version=__version__,
+        resource_api=version,
+        identity=identity,
+        manage_certificates=args.manage_certificates,
+        leader_elect=args.leader_elect,
+    )
+    for part in (inventory, translator, secret_watch.reflector):
+        part.start()
+    server.start()
+    solo: threading.Thread | None = None
+    if args.leader_elect:
+        leadership = Leadership(
+            api_client, namespace=args.namespace, name=args.lease_name, identity=identity, lead=lead
+        )
+        leadership.start()
+    else:
+        solo = threading.Thread(target=lead, args=(stop,), name="leader", daemon=True)
+        solo.start()
+    try:
+        signum = _wait_for_stop(stop)
+        log.info("stopping", signal=signum)
+    finally:
+        stop.set()
+        if leadership is not None:
+            leadership.stop()
+        server.stop()
+        for part in (secret_watch.reflector, translator, inventory):
+            part.stop()
+        if http is not None:
+            http.shutdown()
+    return 0

@@ -1,0 +1,210 @@
+"""``gpuslice-controller``: flags (each with an environment variable) and the entry point."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import sys
+from collections.abc import Sequence
+
+from gpuslice_controller import __version__
+from gpuslice_core.cli import EnvArgumentParser, positive_seconds
+from gpuslice_core.logging import LEVELS
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(d|h|m|s)")
+_UNITS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
+
+
+def duration(value: str) -> dt.timedelta:
+    """A duration such as ``8760h``, ``90d`` or ``1h30m`` (d, h, m, s), for argparse."""
+    text = value.strip()
+    parts = _DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"{value!r} is not a duration; examples: 8760h, 90d, 1h30m, 45s")
+    seconds = sum(float(n) * _UNITS[u] for n, u in parts)
+    if seconds <= 0:
+        raise ValueError(f"{value!r} must be longer than zero")
+    return dt.timedelta(seconds=seconds)
+
+
+def names(value: str) -> tuple[str, ...]:
+    """A comma-separated list of names."""
+    return tuple(n.strip() for n in value.split(",") if n.strip())
+
+
+def build_parser() -> EnvArgumentParser:
+    p = EnvArgumentParser(
+        prog="gpuslice-controller",
+        description=(
+            "The cluster side of gpuslice: admission webhooks that check ResourceClaims for"
+            " gpuslice's GPUs at the door and turn the pod specs of other GPU-sharing systems"
+            " (HAMi, gpushare, vCUDA, qGPU, Volcano) into DRA claims. Every replica serves the"
+            " webhooks; the leader (a coordination.k8s.io Lease) manages their certificates."
+        ),
+    )
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    p.add_flag(
+        "--kubeconfig",
+        env="KUBECONFIG",
+        help="Path of a kubeconfig; the pod's service account is used when it is not given.",
+    )
+    p.add_flag(
+        "--namespace",
+        env="POD_NAMESPACE",
+        default="gpuslice",
+        help="Namespace of the controller's Lease and of the Secret with its certificates.",
+    )
+    p.add_flag(
+        "--identity",
+        env="POD_NAME",
+        default="",
+        help=(
+            "This replica's name in the Lease (the pod name in the chart); the host name and"
+            " process id when empty."
+        ),
+    )
+    p.add_flag(
+        "--webhook-addr",
+        env="WEBHOOK_ADDR",
+        default="0.0.0.0:9443",
+        help="host:port of the HTTPS server for the webhooks (/validate, /mutate) and probes.",
+    )
+    p.add_flag(
+        "--metrics-addr",
+        env="METRICS_ADDR",
+        default="0.0.0.0:9090",
+        help="host:port of the Prometheus metrics endpoint (/metrics); empty turns it off.",
+    )
+    p.add_flag(
+        "--tls-secret",
+        env="TLS_SECRET",
+        default="gpuslice-controller-tls",
+        help=(
+            "Secret (in --namespace) with the webhook's certificate: tls.crt, tls.key and"
+            " ca.crt; written by the controller with --manage-certificates, by cert-manager"
+            " otherwise."
+        ),
+    )
+    p.add_bool_flag(
+        "--manage-certificates",
+        env="MANAGE_CERTIFICATES",
+        default=True,
+        help=(
+            "Generate a private CA and serving certificate into --tls-secret, renew them before"
+            " they expire, and publish the CA bundle to the webhook configurations. Turn off"
+            " when cert-manager issues the certificate and injects the CA bundle."
+        ),
+    )
+    p.add_flag(
+        "--cert-hosts",
+        env="CERT_HOSTS",
+        type=names,
+        default=(),
+        help=(
+            "Comma-separated DNS names and IP addresses the serving certificate is for; the"
+            " first is its common name. The chart passes the Service's names"
+            " (<service>.<namespace>.svc and .svc.cluster.local)."
+        ),
+    )
+    p.add_flag(
+        "--cert-dir",
+        env="CERT_DIR",
+        default="/run/gpuslice-controller/certs",
+        help="Private directory where the serving certificate is written for the TLS stack.",
+    )
+    p.add_flag(
+        "--ca-validity",
+        env="CA_VALIDITY",
+        type=duration,
+        default=duration("87600h"),
+        help="Lifetime of a generated CA (d, h, m, s); it is replaced with a third left.",
+    )
+    p.add_flag(
+        "--cert-validity",
+        env="CERT_VALIDITY",
+        type=duration,
+        default=duration("8760h"),
+        help="Lifetime of a generated serving certificate; it is renewed with a third left.",
+    )
+    p.add_flag(
+        "--cert-check-interval",
+        env="CERT_CHECK_INTERVAL",
+        type=positive_seconds,
+        default=3600.0,
+        help="Seconds between the leader's checks of the certificates and the CA bundles.",
+    )
+    p.add_flag(
+        "--validating-webhooks",
+        env="VALIDATING_WEBHOOKS",
+        type=names,
+        default=("gpuslice-controller",),
+        help="Comma-separated ValidatingWebhookConfigurations whose caBundle the leader keeps.",
+    )
+    p.add_flag(
+        "--mutating-webhooks",
+        env="MUTATING_WEBHOOKS",
+        type=names,
+        default=("gpuslice-controller",),
+        help="Comma-separated MutatingWebhookConfigurations whose caBundle the leader keeps.",
+    )
+    p.add_bool_flag(
+        "--leader-elect",
+        env="LEADER_ELECT",
+        default=True,
+        help="Take part in leader election; without it this replica always acts as the leader.",
+    )
+    p.add_flag(
+        "--lease-name",
+        env="LEASE_NAME",
+        default="gpuslice-controller",
+        help="Name of the coordination.k8s.io Lease (in --namespace) the replicas compete for.",
+    )
+    p.add_flag(
+        "--driver-name",
+        env="DRIVER_NAME",
+        default="gpu.gpuslice.dev",
+        help="DRA driver name whose opaque config and ResourceSlices the webhooks read.",
+    )
+    p.add_flag(
+        "--gpu-device-classes",
+        env="GPU_DEVICE_CLASSES",
+        type=names,
+        default=("gpu.gpuslice.dev",),
+        help="Comma-separated DeviceClasses that select the driver's whole (shareable) GPUs.",
+    )
+    p.add_flag(
+        "--mig-device-classes",
+        env="MIG_DEVICE_CLASSES",
+        type=names,
+        default=("mig.gpuslice.dev",),
+        help="Comma-separated DeviceClasses that select the driver's MIG devices.",
+    )
+    p.add_flag(
+        "--resource-api",
+        env="RESOURCE_API",
+        default="auto",
+        choices=("auto", "v1", "v1beta2", "v1beta1"),
+        help=(
+            "resource.k8s.io version for ResourceSlices and the claim templates the pod webhook"
+            " makes; auto picks the newest the API server serves."
+        ),
+    )
+    p.add_flag(
+        "--log-level",
+        env="LOG_LEVEL",
+        default="info",
+        choices=tuple(LEVELS),
+        help="Least severe level of log lines written (JSON, one object per line, to stdout).",
+    )
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from gpuslice_controller.app import run  # the API client is imported only to run
+
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
