@@ -453,7 +453,8 @@ def test_device_plugin_daemonset_runs_on_device_plugin_nodes_only(
         [e for e in t if e != NOT_MODE] for t in dra_terms
     ]  # the same GPU-presence labels
     assert spec["tolerations"] == node_spec["tolerations"]
-    assert spec["automountServiceAccountToken"] is False
+    # its own ServiceAccount: the mode check, the config label, sharing labels, Events
+    assert spec["serviceAccountName"] == "gpuslice-device-plugin"
     byname = containers(objs, "device-plugin")
     plugin = byname["device-plugin"]
     assert plugin["securityContext"] == {"privileged": True}

@@ -5,6 +5,7 @@ scheduler places the pods; the agent starts them with the env the plugin returne
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -12,10 +13,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from e2e.sandbox import procs
+from e2e.sandbox.controlplane import ControlPlane
 from e2e.sandbox.nodeagent import NodeAgent
 from e2e.sandbox.nodeagent.testing import wait_for, wait_pod_phase
 from e2e.sandbox.procs import Proc
@@ -30,6 +33,9 @@ pytestmark = pytest.mark.timeout(90)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 GPU = "nvidia.com/gpu"
+
+
+MODE = {"gpuslice.dev/mode": "device-plugin"}
 
 
 def command() -> list[str]:
@@ -52,14 +58,24 @@ class PluginNode:
             return [g.uuid for g in nvml.gpus()]
 
 
-def start_plugin(agent: NodeAgent, gpus: int, config: str = "", *extra: str) -> Proc:
+def start_plugin(
+    agent: NodeAgent,
+    kubeconfig: Path,
+    nvml_config: Path,
+    config: str = "",
+    *extra: str,
+) -> Proc:
+    """The real process, as the chart runs it: its own Node by name, the API server through a
+    kubeconfig (the sandbox's admin one: the chart's RBAC is tested in test_chart.py)."""
     root = agent.config.root
-    nvml_config = write_node(root, {"gpus": [{"model": "H100", "count": gpus}]}, agent.name)
     argv = [
         *command(),
         "--nvml=fake",
         f"--fake-nvml-config={nvml_config}",
         f"--device-plugins-dir={agent.config.device_plugins_dir}",
+        f"--cdi-root={agent.config.cdi_dir}",
+        f"--node-name={agent.name}",
+        f"--kubeconfig={kubeconfig}",
         "--metrics-addr=",
         "--log-level=debug",
         *extra,
@@ -76,13 +92,27 @@ def start_plugin(agent: NodeAgent, gpus: int, config: str = "", *extra: str) -> 
 
 
 @pytest.fixture
-def plugin_nodes(node_agents: Callable[..., NodeAgent]) -> Iterator[Callable[..., PluginNode]]:
+def plugin_nodes(
+    sandbox: ControlPlane, node_agents: Callable[..., NodeAgent]
+) -> Iterator[Callable[..., PluginNode]]:
+    """``make(gpus or a fake NVML doc, config, *flags, labels=..., nvml_config=...)``: a node
+    agent labelled for device-plugin mode (plus ``labels``) with the plugin running on it."""
     started: list[PluginNode] = []
 
-    def make(gpus: int, config: str = "", *extra: str) -> PluginNode:
-        agent = node_agents()
-        proc = start_plugin(agent, gpus, config, *extra)
-        node = PluginNode(agent, proc, agent.config.root / f"{agent.name}-nvml.yaml")
+    def make(
+        gpus: int | dict[str, Any],
+        config: str = "",
+        *extra: str,
+        labels: dict[str, str] | None = None,
+        nvml_config: Path | None = None,
+        agent: NodeAgent | None = None,
+    ) -> PluginNode:
+        agent = agent or node_agents(labels={**MODE, **(labels or {})})
+        if nvml_config is None:
+            doc = {"gpus": [{"model": "H100", "count": gpus}]} if isinstance(gpus, int) else gpus
+            nvml_config = write_node(agent.config.root, doc, agent.name)
+        proc = start_plugin(agent, sandbox.kubeconfig, nvml_config, config, *extra)
+        node = PluginNode(agent, proc, nvml_config)
         started.append(node)
         return node
 
@@ -127,10 +157,20 @@ def gpu_pod(namespace: str, name: str, count: int, resource: str = GPU) -> Obj:
     }
 
 
-def run_pod(kube: RawApi, node: PluginNode, namespace: str, name: str, count: int) -> list[str]:
+def run_pod(
+    kube: RawApi,
+    node: PluginNode,
+    namespace: str,
+    name: str,
+    count: int,
+    resource: str = GPU,
+) -> list[str]:
     """Create the pod (no node selector: the scheduler places it), wait for Running on the
     plugin's node and return the devices its container saw."""
-    kube.create(resource_path("v1", "pods", namespace=namespace), gpu_pod(namespace, name, count))
+    kube.create(
+        resource_path("v1", "pods", namespace=namespace),
+        gpu_pod(namespace, name, count, resource),
+    )
     pod = wait_pod_phase(kube, namespace, name, "Running", timeout=30)
     assert pod["spec"]["nodeName"] == node.agent.name
     uid = pod["metadata"]["uid"]
@@ -183,6 +223,17 @@ def test_time_slicing_runs_four_pods_on_one_gpu(
     [uuid] = node.uuids()
     seen = [run_pod(kube, node, namespace, f"shared-{i}", 1) for i in range(4)]
     assert seen == [[uuid]] * 4
+    # the node says that these replicas are not enforced
+    labels, sharing = node_sharing(kube, node.agent.name)
+    assert labels == {"sharing.gpuslice.dev/gpu": "time-slicing"}
+    assert sharing[GPU]["enforced"] is False and sharing[GPU]["replicas"] == 4
+
+
+def node_sharing(kube: RawApi, name: str) -> tuple[dict[str, str], dict[str, Any]]:
+    """The node's sharing labels and its gpuslice.dev/device-plugin-sharing annotation."""
+    meta = kube.get(resource_path("v1", "nodes", name=name))["metadata"]
+    labels = {k: v for k, v in meta["labels"].items() if k.startswith("sharing.gpuslice.dev/")}
+    return labels, json.loads(meta["annotations"]["gpuslice.dev/device-plugin-sharing"])
 
 
 def test_an_unknown_config_key_stops_start_up_naming_it(tmp_path: Path) -> None:
@@ -197,6 +248,7 @@ def test_an_unknown_config_key_stops_start_up_naming_it(tmp_path: Path) -> None:
             f"--device-plugins-dir={tmp_path / 'dp'}",
             f"--config-file={config}",
             "--metrics-addr=",
+            "--mode-check=false",  # no API server needed to refuse a config
         ],
         capture_output=True,
         text=True,

@@ -60,7 +60,24 @@ def test_list_strategy_may_be_a_list_and_names_without_domain_get_nvidia() -> No
     ("text", "message"),
     [
         ("flags: {migStrategy: none, bogus: 1}", "flags.bogus: unknown key; allowed keys here"),
-        ("sharing: {mps: {resources: []}}", "sharing.mps: MPS sharing is not supported yet"),
+        ("flags: {mpsRoot: /run/nvidia/mps}", "flags.mpsRoot: the enforcer sidecar owns"),
+        (
+            "sharing: {mps: {failRequestsGreaterThanOne: false}}",
+            "sharing.mps.failRequestsGreaterThanOne: must be true for MPS",
+        ),
+        (
+            "sharing: {mps: {resources: [{name: gpu, replicas: 49}]}}",
+            "sharing.mps.resources: nvidia.com/gpu: replicas 49 is more than the 48 clients",
+        ),
+        (
+            "sharing: {mps: {resources: [{name: gpu, replicas: 2, rename: x}]}}",
+            "sharing.mps.resources[0].rename: per-resource rename is not supported",
+        ),
+        (
+            "sharing:\n  mps: {resources: [{name: gpu, replicas: 2}]}\n"
+            "  timeSlicing: {resources: [{name: gpu, replicas: 2}]}",
+            "sharing: resource 'nvidia.com/gpu' is listed under both timeSlicing and mps",
+        ),
         ("flags: {nvidiaDriverRoot: /}", "flags.nvidiaDriverRoot: the driver root"),
         (
             "sharing: {timeSlicing: {resources: [{name: x, replicas: 2, devices: all}]}}",

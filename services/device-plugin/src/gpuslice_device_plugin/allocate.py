@@ -134,6 +134,19 @@ def container_response(
     return out
 
 
+def mps_response(
+    response: pb.ContainerAllocateResponse, cdi_id: str
+) -> pb.ContainerAllocateResponse:
+    """An MPS replica: everything that makes the GPU visible moved into the replica's CDI
+    device (next to the enforcer's edits), so a container never gets the GPU without its
+    limits; annotations and the toolkit's CDI names stay (they too need CDI)."""
+    out = pb.ContainerAllocateResponse()
+    out.annotations.update(response.annotations)
+    out.cdi_devices.append(pb.CDIDevice(name=cdi_id))
+    out.cdi_devices.extend(response.cdi_devices)
+    return out
+
+
 def preferred(
     resource: Resource,
     available: Sequence[str],

@@ -17,6 +17,7 @@ from pathlib import Path
 from types import FrameType
 
 from gpuslice_core.cli import EnvArgumentParser, parse_bool
+from gpuslice_core.errors import GpusliceError
 from gpuslice_core.grpcserver import check_health
 from gpuslice_core.logging import LEVELS, configure, get_logger
 from gpuslice_device_plugin import __version__
@@ -24,14 +25,20 @@ from gpuslice_device_plugin.config import (
     ID_STRATEGIES,
     MIG_STRATEGIES,
     ConfigError,
+    ConfigFile,
     load_config_file,
     resolve,
+    select_config,
 )
+from gpuslice_device_plugin.node import REFUSED_REASON, KubeNode, NodeInfo, refusal
 from gpuslice_nvml import add_nvml_arguments
 from gpuslice_nvml.health import add_health_arguments
 
 PROG = "gpuslice-device-plugin"
 DEFAULT_DIR = "/var/lib/kubelet/device-plugins"
+CONFIG_LABEL = "nvidia.com/device-plugin.config"
+#: Exit status of a refusal by the per-node mode check (2: bad configuration, 1: failure).
+EXIT_REFUSED = 3
 log = get_logger(__name__)
 
 
@@ -63,6 +70,31 @@ def build_parser() -> EnvArgumentParser:
     )
     add_nvml_arguments(p)
     p.add_flag(
+        "--node-name",
+        env="NODE_NAME",
+        help=(
+            "Name of this node: the mode check, the config label and the sharing labels are"
+            " read from and written to this Node (needed unless --mode-check is false and no"
+            " --config-dir is given)."
+        ),
+    )
+    p.add_flag(
+        "--kubeconfig",
+        env="KUBECONFIG",
+        help="Path of a kubeconfig; the pod's service account is used when it is not given.",
+    )
+    p.add_flag(
+        "--mode-check",
+        env="MODE_CHECK",
+        type=_bool,
+        default=True,
+        help=(
+            "Refuse to start (exit 3, with an Event on the Node) unless the node is labelled"
+            " gpuslice.dev/mode=device-plugin and the DRA driver publishes no ResourceSlices"
+            " for it, so that no GPU is served by both; false skips the check."
+        ),
+    )
+    p.add_flag(
         "--device-plugins-dir",
         env="DEVICE_PLUGINS_DIR",
         default=DEFAULT_DIR,
@@ -77,6 +109,46 @@ def build_parser() -> EnvArgumentParser:
         help=(
             "Path of a config file in NVIDIA's version v1 format (flags, sharing.timeSlicing);"
             " a key this plugin does not support stops start-up with a message naming it."
+        ),
+    )
+    p.add_flag(
+        "--config-dir",
+        env="CONFIG_DIR",
+        help=(
+            "Directory of named config files (a ConfigMap mounted as a volume, one key per"
+            " config); the node label --config-label picks one, else --default-config, else the"
+            " only one. Not together with --config-file."
+        ),
+    )
+    p.add_flag(
+        "--config-label",
+        env="CONFIG_NODE_LABEL",
+        default=CONFIG_LABEL,
+        help="Node label whose value names this node's config in --config-dir.",
+    )
+    p.add_flag(
+        "--default-config",
+        env="DEFAULT_CONFIG",
+        help=(
+            "Name of the config in --config-dir for nodes without the --config-label label;"
+            " empty: the only config when there is one, else an error."
+        ),
+    )
+    p.add_flag(
+        "--enforcer-socket",
+        env="ENFORCER_SOCKET",
+        help=(
+            "Unix socket of the gpuslice enforcer (gpuslice.v1.Enforcer); needed by"
+            " sharing.mps, whose replicas it enforces as equal shares of cores and memory."
+        ),
+    )
+    p.add_flag(
+        "--cdi-root",
+        env="CDI_ROOT",
+        default="/var/run/cdi",
+        help=(
+            "Directory where the plugin writes the CDI specs of MPS replicas (the runtime's CDI"
+            " spec directory)."
         ),
     )
     p.add_flag(
@@ -161,21 +233,73 @@ def _wait_for_stop() -> int:
     return received[0]
 
 
+def _config(args: argparse.Namespace, node: NodeInfo | None) -> tuple[ConfigFile | None, str]:
+    """The config file this node uses and its name ("" for --config-file or none)."""
+    if args.config_file and args.config_dir:
+        raise ConfigError("--config-file and --config-dir: give one of them, not both")
+    if not args.config_dir:
+        return (load_config_file(args.config_file) if args.config_file else None), ""
+    assert node is not None  # main() reads the Node whenever --config-dir is given
+    selected = select_config(
+        args.config_dir,
+        label=args.config_label,
+        label_value=node.labels.get(args.config_label),
+        default=args.default_config,
+    )
+    for problem in selected.broken:
+        log.warning("a config of another node does not decode", error=problem)
+    log.info("config selected", config=selected.name, why=selected.why)
+    return selected.config, selected.name
+
+
+def _node(args: argparse.Namespace) -> KubeNode | None:
+    if not args.node_name:
+        if args.mode_check or args.config_dir:
+            why = "the mode check (--mode-check)" if args.mode_check else "--config-dir"
+            raise ConfigError(f"--node-name (NODE_NAME) is needed for {why}")
+        return None
+    from gpuslice_kube.client import new_api_client
+    from gpuslice_kube.raw import RawApi
+
+    api = new_api_client(args.kubeconfig, user_agent=f"{PROG}/{__version__}")
+    return KubeNode(RawApi(api, deadline=30), args.node_name)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.probe:
         return probe(Path(args.device_plugins_dir))
     configure(component="device-plugin", level=args.log_level)
     try:
-        file = load_config_file(args.config_file) if args.config_file else None
-        settings = resolve(args, file)
+        node = _node(args)
+        info = node.info() if node is not None else None
+        if node is not None and info is not None and args.mode_check:
+            reason = refusal(info, node.dra_slices())
+            if reason is not None:
+                log.error(
+                    "refusing to start: this node is not in device-plugin mode", reason=reason
+                )
+                node.event("Warning", REFUSED_REASON, reason)
+                print(f"{PROG}: refusing to start: {reason}", file=sys.stderr)
+                return EXIT_REFUSED
+        file, name = _config(args, info)
+        settings = resolve(args, file, config_name=name)
+        if settings.mps.resources and not args.enforcer_socket:
+            raise ConfigError(
+                "sharing.mps needs the gpuslice enforcer, which holds the replicas' limits:"
+                " set --enforcer-socket (ENFORCER_SOCKET)"
+            )
     except ConfigError as exc:
         log.error("invalid configuration", error=str(exc))
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
+    except GpusliceError as exc:  # the API server cannot be reached or refuses
+        log.error("cannot read this node from the API server", error=str(exc))
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 1
     from gpuslice_device_plugin.run import run
 
-    return run(args, settings, _wait_for_stop)
+    return run(args, settings, node, _wait_for_stop)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,10 @@
   ``nvidia.com/mig-<profile>`` (``+`` replaced by ``.``, e.g. ``mig-1g.10gb.me``).
 - Device IDs are UUIDs (``GPU-…``, ``MIG-…``) or, with ``deviceIDStrategy: index``, ``<gpu>`` and
   ``<gpu>:<mig index>``.
-- ``sharing.timeSlicing`` gives each device of a listed resource ``replicas`` IDs
-  ``<id>::<n>`` (n from 0); with ``renameByDefault`` the resource is ``<name>.shared``.
+- ``sharing.timeSlicing`` and ``sharing.mps`` give each device of a listed resource
+  ``replicas`` IDs ``<id>::<n>`` (n from 0); with ``renameByDefault`` the resource is
+  ``<name>.shared``. Time-slicing replicas share the GPU without limits; MPS replicas are
+  equal shares the enforcer holds (whole GPUs only: a MIG device is refused, as NVIDIA does).
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ class Resource:
     devices: tuple[Device, ...]
     replicas: int = 1
     fail_requests_greater_than_one: bool = False
+    #: How the devices are shared: none, time-slicing or mps (NVIDIA's sharing-strategy words).
+    sharing: str = "none"
 
     @property
     def socket_name(self) -> str:
@@ -135,10 +139,22 @@ def discover(nvml: Nvml, settings: Settings) -> list[Resource]:
 
 
 def _share(resource: Resource, settings: Settings) -> Resource:
-    ts = settings.time_slicing
-    wanted = next((r for r in ts.resources if r.name == resource.name), None)
+    ts, mps = settings.time_slicing, settings.mps
+    sharing, wanted = (
+        "time-slicing",
+        next((r for r in ts.resources if r.name == resource.name), None),
+    )
+    rename, fail_many = ts.renameByDefault, ts.failRequestsGreaterThanOne
+    if wanted is None:
+        sharing, wanted = "mps", next((r for r in mps.resources if r.name == resource.name), None)
+        rename, fail_many = mps.renameByDefault, mps.failRequestsGreaterThanOne
     if wanted is None:
         return resource
+    if sharing == "mps" and not resource.whole_gpus:
+        raise DiscoveryError(
+            f"sharing.mps: {resource.name} is made of MIG devices; MPS shares whole GPUs only"
+            " (a MIG device is isolated by MIG already)"
+        )
     replicated = tuple(
         Device(
             id=f"{d.id}{REPLICA_SEPARATOR}{n}",
@@ -153,12 +169,13 @@ def _share(resource: Resource, settings: Settings) -> Resource:
         for d in resource.devices
         for n in range(wanted.replicas)
     )
-    name = f"{resource.name}.shared" if ts.renameByDefault else resource.name
-    return Resource(name, replicated, wanted.replicas, ts.failRequestsGreaterThanOne)
+    name = f"{resource.name}.shared" if rename else resource.name
+    return Resource(name, replicated, wanted.replicas, fail_many, sharing)
 
 
 def unknown_shared_resources(resources: list[Resource], settings: Settings) -> list[str]:
-    """Time-slicing entries that name no resource of this node (worth a warning, not an
-    error: one ConfigMap serves nodes with different GPUs)."""
+    """Sharing entries that name no resource of this node (worth a warning, not an error: one
+    ConfigMap serves nodes with different GPUs)."""
     base = {r.name.removesuffix(".shared") for r in resources}
-    return [r.name for r in settings.time_slicing.resources if r.name not in base]
+    listed = [*settings.time_slicing.resources, *settings.mps.resources]
+    return [r.name for r in listed if r.name not in base]

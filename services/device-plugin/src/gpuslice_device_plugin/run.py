@@ -9,11 +9,13 @@ from pathlib import Path
 from gpuslice_core import metrics as core_metrics
 from gpuslice_core.errors import GpusliceError
 from gpuslice_core.logging import get_logger
-from gpuslice_device_plugin.allocate import Topology
+from gpuslice_device_plugin.allocate import Topology, container_response
 from gpuslice_device_plugin.config import Settings
 from gpuslice_device_plugin.devices import Resource, discover, unknown_shared_resources
 from gpuslice_device_plugin.health import HealthTracker
 from gpuslice_device_plugin.metrics import Metrics
+from gpuslice_device_plugin.mps import EnforcerClient, ReplicaShare, setup_shares
+from gpuslice_device_plugin.node import KubeNode, sharing_state
 from gpuslice_device_plugin.server import PluginManager
 from gpuslice_nvml import Nvml, NvmlError, nvml_from_args
 
@@ -30,7 +32,46 @@ def _init(args: argparse.Namespace, settings: Settings) -> tuple[Nvml, list[Reso
     return nvml, resources
 
 
-def run(args: argparse.Namespace, settings: Settings, wait_for_stop: Callable[[], int]) -> int:
+def _mps_shares(
+    args: argparse.Namespace, settings: Settings, nvml: Nvml, resources: list[Resource]
+) -> dict[str, ReplicaShare]:
+    if not any(r.sharing == "mps" for r in resources):
+        return {}
+    visibility = {
+        d.id: container_response(
+            r,
+            [d],
+            list_strategies=settings.device_list_strategies,
+            id_strategy=settings.device_id_strategy,
+            pass_device_specs=settings.pass_device_specs,
+        )
+        for r in resources
+        if r.sharing == "mps"
+        for d in r.devices
+    }
+    memory = {g.index: g.memory_total_bytes for g in nvml.gpus()}
+    client = EnforcerClient(Path(args.enforcer_socket))
+    return setup_shares(client, resources, memory, Path(args.cdi_root), visibility)
+
+
+def _tell_node(
+    node: KubeNode | None, resources: list[Resource], shares: dict[str, ReplicaShare]
+) -> None:
+    if node is None:
+        return
+    labels, details = sharing_state(resources, shares)
+    try:
+        node.set_sharing(labels, details)
+    except GpusliceError as exc:  # the plugin serves anyway; the log says what is missing
+        log.error("cannot label the node with the sharing modes", error=str(exc))
+
+
+def run(
+    args: argparse.Namespace,
+    settings: Settings,
+    node: KubeNode | None,
+    wait_for_stop: Callable[[], int],
+) -> int:
     try:
         nvml, resources = _init(args, settings)
     except (GpusliceError, NvmlError) as exc:
@@ -44,12 +85,19 @@ def run(args: argparse.Namespace, settings: Settings, wait_for_stop: Callable[[]
         wait_for_stop()
         return 0
     for name in unknown_shared_resources(resources, settings):
-        log.warning("sharing.timeSlicing names a resource this node does not have", resource=name)
+        log.warning("a sharing entry names a resource this node does not have", resource=name)
     if not resources:
         log.warning("no devices found; waiting indefinitely")
         nvml.close()
         wait_for_stop()
         return 0
+    try:
+        shares = _mps_shares(args, settings, nvml, resources)
+    except GpusliceError as exc:
+        log.error("sharing.mps: the replicas cannot be enforced", error=str(exc))
+        nvml.close()
+        return 1
+    _tell_node(node, resources, shares)
     metrics = Metrics()
     http = core_metrics.serve(args.metrics_addr, metrics.registry) if args.metrics_addr else None
     health = HealthTracker(
@@ -70,6 +118,7 @@ def run(args: argparse.Namespace, settings: Settings, wait_for_stop: Callable[[]
         topology,
         metrics,
         shared_policy=args.shared_allocation_policy,
+        shares=shares,
     )
     log.info(
         "starting",
@@ -77,6 +126,8 @@ def run(args: argparse.Namespace, settings: Settings, wait_for_stop: Callable[[]
         mig_strategy=settings.mig_strategy,
         device_list_strategy=list(settings.device_list_strategies),
         device_id_strategy=settings.device_id_strategy,
+        config=settings.config_name or None,
+        sharing={r.name: r.sharing for r in resources},
     )
     health.start()
     try:

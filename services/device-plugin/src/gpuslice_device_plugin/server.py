@@ -26,6 +26,7 @@ from gpuslice_device_plugin.config import Settings
 from gpuslice_device_plugin.devices import Resource
 from gpuslice_device_plugin.health import HealthTracker
 from gpuslice_device_plugin.metrics import Metrics
+from gpuslice_device_plugin.mps import ReplicaShare
 from gpuslice_device_plugin.servicer import OPTIONS, DevicePluginServicer
 from gpuslice_protos.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from gpuslice_protos.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
@@ -67,6 +68,7 @@ class PluginManager:
     topology: Topology
     metrics: Metrics
     shared_policy: str = "distributed"
+    shares: dict[str, ReplicaShare] = field(default_factory=dict)
     register_timeout: float = 10.0
     endpoints: list[Endpoint] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -92,6 +94,7 @@ class PluginManager:
                 self.topology,
                 self.metrics,
                 shared_policy=self.shared_policy,
+                shares=self.shares,
             )
             self.endpoints.append(Endpoint(resource, servicer))
         with self._lock:
@@ -120,6 +123,7 @@ class PluginManager:
             self.topology,
             self.metrics,
             shared_policy=self.shared_policy,
+            shares=self.shares,
         )
         server = UnixGrpcServer(
             [self.socket(ep.resource)], name=f"dp-{ep.resource.socket_name}", max_workers=8

@@ -13,11 +13,18 @@ from collections.abc import Iterator
 import grpc
 
 from gpuslice_core.logging import get_logger
-from gpuslice_device_plugin.allocate import Topology, check_request, container_response, preferred
+from gpuslice_device_plugin.allocate import (
+    Topology,
+    check_request,
+    container_response,
+    mps_response,
+    preferred,
+)
 from gpuslice_device_plugin.config import Settings
 from gpuslice_device_plugin.devices import Resource
 from gpuslice_device_plugin.health import HealthTracker
 from gpuslice_device_plugin.metrics import Metrics
+from gpuslice_device_plugin.mps import ReplicaShare
 from gpuslice_protos.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from gpuslice_protos.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 
@@ -38,6 +45,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         metrics: Metrics,
         *,
         shared_policy: str = "distributed",
+        shares: dict[str, ReplicaShare] | None = None,
     ) -> None:
         self.resource = resource
         self.settings = settings
@@ -45,6 +53,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self.topology = topology
         self.metrics = metrics
         self.shared_policy = shared_policy
+        self.shares = shares or {}
         self.stopped = threading.Event()
 
     def stop(self) -> None:
@@ -117,16 +126,30 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             out = pb.AllocateResponse()
             for req in request.container_requests:
                 devices = check_request(self.resource, list(req.devices_ids), self.health)
-                out.container_responses.append(
-                    container_response(
-                        self.resource,
-                        devices,
-                        list_strategies=self.settings.device_list_strategies,
-                        id_strategy=self.settings.device_id_strategy,
-                        pass_device_specs=self.settings.pass_device_specs,
-                    )
+                response = container_response(
+                    self.resource,
+                    devices,
+                    list_strategies=self.settings.device_list_strategies,
+                    id_strategy=self.settings.device_id_strategy,
+                    pass_device_specs=self.settings.pass_device_specs,
                 )
-                log.info("allocated", resource=self.resource.name, devices=list(req.devices_ids))
+                if self.resource.sharing == "mps":  # one device: failRequestsGreaterThanOne
+                    share = self.shares[devices[0].id]
+                    response = mps_response(response, share.cdi_id)
+                    log.info(
+                        "allocated",
+                        resource=self.resource.name,
+                        devices=list(req.devices_ids),
+                        share=share.share_id,
+                        cores=share.cores,
+                        memory=share.memory_bytes,
+                        enforcement=share.level,
+                    )
+                else:
+                    log.info(
+                        "allocated", resource=self.resource.name, devices=list(req.devices_ids)
+                    )
+                out.container_responses.append(response)
             return out
 
     def PreStartContainer(  # noqa: N802
