@@ -28,6 +28,7 @@ from pathlib import Path
 
 import grpc
 
+from gpuslice_api.enforcer import cdi_edits, level_name, mechanism_name
 from gpuslice_core import cdi
 from gpuslice_core.errors import FailedPreconditionError, GpusliceError
 from gpuslice_core.logging import get_logger
@@ -43,18 +44,6 @@ CDI_CLASS = "device-plugin"
 SHARE_PREFIX = "dp-"
 SHARE_NAMESPACE = "gpuslice-device-plugin"
 MIB = 1024 * 1024
-LEVELS = {
-    pb.ENFORCEMENT_LEVEL_HARD: "hard",
-    pb.ENFORCEMENT_LEVEL_SOFT: "soft",
-    pb.ENFORCEMENT_LEVEL_NONE: "none",
-}
-MECHANISMS = {
-    pb.MECHANISM_MEMORY_PARTITION: "memory-partition",
-    pb.MECHANISM_MPS_PROTOCOL3: "mps-protocol3",
-    pb.MECHANISM_MPS_LEGACY: "mps-legacy",
-    pb.MECHANISM_WATCHDOG: "watchdog",
-    pb.MECHANISM_NONE: "none",
-}
 
 
 class EnforcerError(FailedPreconditionError):
@@ -83,32 +72,6 @@ def share_uid(device: Device) -> str:
 def split(replicas: int, memory_total: int) -> tuple[int, int]:
     """Cores (percent) and memory (bytes, whole MiB) of one of ``replicas`` equal shares."""
     return 100 // replicas, memory_total // replicas // MIB * MIB
-
-
-def edits_from_proto(message: pb.ContainerEdits) -> cdi.ContainerEdits:
-    return cdi.ContainerEdits(
-        env=list(message.env),
-        mounts=[
-            cdi.Mount(
-                host_path=m.host_path, container_path=m.container_path, options=list(m.options)
-            )
-            for m in message.mounts
-        ],
-        device_nodes=[
-            cdi.DeviceNode(path=d.path, host_path=d.host_path, permissions=d.permissions)
-            for d in message.device_nodes
-        ],
-        hooks=[
-            cdi.Hook(
-                hook_name=h.hook_name,
-                path=h.path,
-                args=list(h.args),
-                env=list(h.env),
-                timeout=h.timeout_seconds if h.HasField("timeout_seconds") else None,
-            )
-            for h in message.hooks
-        ],
-    )
 
 
 def edits_from_response(response: dp.ContainerAllocateResponse) -> cdi.ContainerEdits:
@@ -232,16 +195,16 @@ def setup_shares(
                 share_id=reply.share_id,
                 cores=cores,
                 memory_bytes=memory,
-                level=LEVELS.get(reply.level, "none"),
-                memory_mechanism=MECHANISMS.get(mem.mechanism, "none"),
-                cores_mechanism=MECHANISMS.get(sm.mechanism, "none"),
+                level=level_name(reply.level),
+                memory_mechanism=mechanism_name(mem.mechanism),
+                cores_mechanism=mechanism_name(sm.mechanism),
                 reason="; ".join(r for r in (mem.reason, sm.reason) if r),
                 cdi_id=specs.qualified_id(name),
             )
             edits = cdi.merge_edits(
                 [
                     edits_from_response(visibility[d.id]),
-                    edits_from_proto(reply.container_edits),
+                    cdi_edits(reply.container_edits),
                     cdi.ContainerEdits(env=limit_env(name, share, d.uuid)),
                 ]
             )

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 import grpc
 
+from gpuslice_api.enforcer import cdi_edits, level_name, mechanism_name
 from gpuslice_core import cdi
 from gpuslice_core.errors import (
     FailedPreconditionError,
@@ -33,19 +34,6 @@ MODES = {
     "Hard": pb.ENFORCEMENT_MODE_HARD,
     "Soft": pb.ENFORCEMENT_MODE_SOFT,
     "Off": pb.ENFORCEMENT_MODE_OFF,
-}
-LEVELS = {
-    pb.ENFORCEMENT_LEVEL_HARD: "hard",
-    pb.ENFORCEMENT_LEVEL_SOFT: "soft",
-    pb.ENFORCEMENT_LEVEL_NONE: "none",
-}
-# The enforcer's mechanism names (its GPUSLICE_*_MECHANISM environment uses the same words).
-MECHANISMS = {
-    pb.MECHANISM_MEMORY_PARTITION: "memory-partition",
-    pb.MECHANISM_MPS_PROTOCOL3: "mps-protocol3",
-    pb.MECHANISM_MPS_LEGACY: "mps-legacy",
-    pb.MECHANISM_WATCHDOG: "watchdog",
-    pb.MECHANISM_NONE: "none",
 }
 NO_ENFORCER = "no enforcer on this node (--enforcer-socket is not set)"
 
@@ -70,7 +58,7 @@ class ShareGrant:
     level: str  # hard | soft | none
     edits: cdi.ContainerEdits = field(default_factory=cdi.ContainerEdits)
     reason: str = ""
-    memory_mechanism: str = ""  # MECHANISMS' words; "" without an enforcer
+    memory_mechanism: str = ""  # gpuslice_api.enforcer.MECHANISMS' words; "" without an enforcer
     cores_mechanism: str = ""
 
 
@@ -144,35 +132,6 @@ def rpc_error(what: str, exc: grpc.RpcError) -> GpusliceError:
     return err
 
 
-def _edits(message: pb.ContainerEdits) -> cdi.ContainerEdits:
-    hooks = []
-    for h in message.hooks:
-        timeout = h.timeout_seconds if h.HasField("timeout_seconds") else None
-        hooks.append(
-            cdi.Hook(
-                hook_name=h.hook_name,
-                path=h.path,
-                args=list(h.args),
-                env=list(h.env),
-                timeout=timeout,
-            )
-        )
-    return cdi.ContainerEdits(
-        env=list(message.env),
-        mounts=[
-            cdi.Mount(
-                host_path=m.host_path, container_path=m.container_path, options=list(m.options)
-            )
-            for m in message.mounts
-        ],
-        device_nodes=[
-            cdi.DeviceNode(path=d.path, host_path=d.host_path, permissions=d.permissions)
-            for d in message.device_nodes
-        ],
-        hooks=hooks,
-    )
-
-
 class GrpcEnforcer:
     """The enforcer sidecar over its unix socket."""
 
@@ -211,13 +170,11 @@ class GrpcEnforcer:
             ),
         )
         reasons = "; ".join(limit.reason for limit in reply.limits if limit.reason)
-        mechanisms = {
-            limit.resource: MECHANISMS.get(limit.mechanism, "none") for limit in reply.limits
-        }
+        mechanisms = {limit.resource: mechanism_name(limit.mechanism) for limit in reply.limits}
         return ShareGrant(
             share_id=reply.share_id,
-            level=LEVELS.get(reply.level, "none"),
-            edits=_edits(reply.container_edits),
+            level=level_name(reply.level),
+            edits=cdi_edits(reply.container_edits),
             reason=reasons,
             memory_mechanism=mechanisms.get(pb.RESOURCE_MEMORY, ""),
             cores_mechanism=mechanisms.get(pb.RESOURCE_CORES, ""),
@@ -239,9 +196,9 @@ class GrpcEnforcer:
         )
         return {
             gpu.uuid: GpuEnforcement(
-                level=LEVELS.get(gpu.level, "none"),
-                memory=MECHANISMS.get(gpu.memory_mechanism, "none"),
-                cores=MECHANISMS.get(gpu.cores_mechanism, "none"),
+                level=level_name(gpu.level),
+                memory=mechanism_name(gpu.memory_mechanism),
+                cores=mechanism_name(gpu.cores_mechanism),
             )
             for gpu in reply.gpus
         }
