@@ -28,31 +28,30 @@ from gpuslice_core import metrics
 from gpuslice_core.errors import FailedPreconditionError, GpusliceError
 from gpuslice_core.logging import configure, get_logger
 from gpuslice_kube.client import new_api_client
+from gpuslice_kube.discovery import RESOURCE_VERSIONS, served_versions
 from gpuslice_kube.raw import Obj, RawApi
 from gpuslice_kube.reflector import Reflector
 
 log = get_logger(__name__)
 
-PREFERENCE = ("v1", "v1beta2", "v1beta1")
-
 
 def resource_api_version(raw: RawApi, wanted: str) -> str:
     """The resource.k8s.io version to use: ``wanted``, or the newest served for ``auto``."""
-    group = raw.get("/apis/resource.k8s.io")
-    served = [v["version"] for v in group.get("versions") or []]
-    if wanted != "auto":
-        if wanted not in served:
-            raise FailedPreconditionError(
-                f"--resource-api {wanted}: the API server serves resource.k8s.io "
-                f"{', '.join(served) or 'in no version'}"
-            )
-        return wanted
-    for version in PREFERENCE:
-        if version in served:
-            return version
-    raise FailedPreconditionError(
-        "the API server does not serve resource.k8s.io (DRA); served: " + (", ".join(served) or "-")
-    )
+    served = served_versions(raw)
+    if wanted == "auto":
+        newest = next((v for v in RESOURCE_VERSIONS if v in served), None)
+        if newest is not None:
+            return newest
+        raise FailedPreconditionError(
+            "the API server does not serve resource.k8s.io (DRA) in "
+            f"{', '.join(RESOURCE_VERSIONS)}; served: {', '.join(served) or '-'}"
+        )
+    if wanted not in served:
+        raise FailedPreconditionError(
+            f"--resource-api {wanted}: the API server serves resource.k8s.io "
+            f"{', '.join(served) or 'in no version'}"
+        )
+    return wanted
 
 
 class TlsSecretWatch:

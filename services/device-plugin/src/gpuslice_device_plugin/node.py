@@ -27,17 +27,16 @@ Labels of resources the node no longer has are removed.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpuslice_core.errors import GpusliceError
 from gpuslice_core.logging import get_logger
 from gpuslice_device_plugin.devices import Resource
 from gpuslice_device_plugin.mps import ReplicaShare
-from gpuslice_kube.errors import KubeNotFoundError
+from gpuslice_kube.discovery import newest_resource_version
+from gpuslice_kube.events import node_event
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 
 log = get_logger(__name__)
@@ -47,12 +46,8 @@ MODE_DEVICE_PLUGIN = "device-plugin"
 DRA_DRIVER = "gpu.gpuslice.dev"
 SHARING_LABEL_PREFIX = "sharing.gpuslice.dev/"
 SHARING_ANNOTATION = "gpuslice.dev/device-plugin-sharing"
-EVENT_NAMESPACE = "default"
 COMPONENT = "gpuslice-device-plugin"
 REFUSED_REASON = "DevicePluginRefused"
-#: resource.k8s.io versions, newest first: the first the server has answers.
-RESOURCE_VERSIONS = ("v1", "v1beta2", "v1beta1")
-MAX_MESSAGE = 1024
 
 
 @dataclass(frozen=True)
@@ -131,17 +126,14 @@ class KubeNode:
     def dra_slices(self) -> list[str]:
         """Names of the DRA driver's ResourceSlices for this node, in the newest
         resource.k8s.io version the server has (none: a cluster without DRA)."""
-        selector = f"spec.nodeName={self.name},spec.driver={DRA_DRIVER}"
-        for version in RESOURCE_VERSIONS:
-            try:
-                items = self.raw.list(
-                    resource_path(f"resource.k8s.io/{version}", "resourceslices"),
-                    field_selector=selector,
-                )["items"]
-            except KubeNotFoundError:
-                continue
-            return [str(s["metadata"]["name"]) for s in items]
-        return []
+        version = newest_resource_version(self.raw)
+        if version is None:
+            return []
+        items = self.raw.list(
+            resource_path(f"resource.k8s.io/{version}", "resourceslices"),
+            field_selector=f"spec.nodeName={self.name},spec.driver={DRA_DRIVER}",
+        )["items"]
+        return [str(s["metadata"]["name"]) for s in items]
 
     def set_sharing(self, labels: dict[str, str], details: dict[str, Any]) -> None:
         current = self.raw.get(self.path).get("metadata", {}).get("labels") or {}
@@ -160,30 +152,12 @@ class KubeNode:
 
     def event(self, type_: str, reason: str, message: str) -> None:
         """A core/v1 Event on the Node; a failure to report is logged, never raised."""
-        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        if len(message) > MAX_MESSAGE:
-            message = message[: MAX_MESSAGE - 3] + "..."
-        event: Obj = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{self.name}.", "namespace": EVENT_NAMESPACE},
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Node",
-                "name": self.name,
-                "uid": self.uid or self.name,
-            },
-            "type": type_,
-            "reason": reason,
-            "message": message,
-            "source": {"component": COMPONENT, "host": self.name},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-            "reportingComponent": COMPONENT,
-            "reportingInstance": self.name,
-        }
-        try:
-            self.raw.create(resource_path("v1", "events", namespace=EVENT_NAMESPACE), event)
-        except GpusliceError as exc:
-            log.error("cannot create an event", reason=reason, error=str(exc))
+        node_event(
+            self.raw,
+            self.name,
+            self.uid,
+            type_=type_,
+            reason=reason,
+            message=message,
+            component=COMPONENT,
+        )

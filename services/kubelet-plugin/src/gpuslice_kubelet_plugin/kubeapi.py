@@ -14,13 +14,13 @@ from typing import Any
 
 from gpuslice_core.errors import UnsupportedError
 from gpuslice_core.logging import get_logger
-from gpuslice_kube.errors import KubeNotFoundError
+from gpuslice_kube.discovery import RESOURCE_GROUP, RESOURCE_VERSIONS, served_versions
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 
 log = get_logger(__name__)
 
-GROUP = "resource.k8s.io"
-PREFERRED = ("v1", "v1beta2", "v1beta1")
+GROUP = RESOURCE_GROUP
+PREFERRED = RESOURCE_VERSIONS
 _MINOR = re.compile(r"(\d+)")
 
 
@@ -43,18 +43,14 @@ class ServerInfo:
 
 def detect(raw: RawApi) -> ServerInfo:
     """Ask the API server which resource.k8s.io versions it serves and which release it is."""
-    try:
-        group = raw.get(f"/apis/{GROUP}")
-    except KubeNotFoundError as exc:
+    served = served_versions(raw, GROUP)
+    if not served:
         raise UnsupportedError(
             f"the API server does not serve {GROUP}: DRA needs Kubernetes 1.32+ "
             "(resource.k8s.io/v1beta1 enabled) or 1.34+"
-        ) from exc
-    served = [v.get("version") for v in group.get("versions") or []]
-    for version in PREFERRED:
-        if version in served:
-            break
-    else:
+        )
+    version = next((v for v in PREFERRED if v in served), None)
+    if version is None:
         raise UnsupportedError(
             f"the API server serves {GROUP} versions {served}, none of {list(PREFERRED)}"
         )

@@ -12,13 +12,13 @@ logged and never stops the MIG work itself.
 
 from __future__ import annotations
 
-import datetime as dt
 import threading
 from collections.abc import Callable
 from typing import Protocol
 
 from gpuslice_core.errors import GpusliceError
 from gpuslice_core.logging import get_logger
+from gpuslice_kube.events import node_event
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 from gpuslice_kube.reflector import Reflector
 from gpuslice_mig_manager.sources import ConfigMapLayouts
@@ -27,10 +27,8 @@ log = get_logger(__name__)
 
 LABEL_CONFIG = "gpuslice.dev/mig.config"
 LABEL_STATE = "gpuslice.dev/mig.config.state"
-EVENT_NAMESPACE = "default"
 COMPONENT = "gpuslice-mig-manager"
 REPORTING_COMPONENT = "gpu.gpuslice.dev/mig-manager"
-MAX_MESSAGE = 1024
 
 
 class NodeReporter(Protocol):
@@ -74,33 +72,16 @@ class KubeNode:
             log.info("mig config state", node=self.node_name, state=state)
 
     def event(self, type_: str, reason: str, message: str) -> None:
-        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        if len(message) > MAX_MESSAGE:
-            message = message[: MAX_MESSAGE - 3] + "..."
-        event: Obj = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{self.node_name}.", "namespace": EVENT_NAMESPACE},
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Node",
-                "name": self.node_name,
-                "uid": self.uid or self.node_name,
-            },
-            "type": type_,
-            "reason": reason,
-            "message": message,
-            "source": {"component": COMPONENT, "host": self.node_name},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-            "reportingComponent": REPORTING_COMPONENT,
-            "reportingInstance": self.node_name,
-        }
-        try:
-            self.raw.create(resource_path("v1", "events", namespace=EVENT_NAMESPACE), event)
-        except GpusliceError as exc:
-            log.error("cannot create an event", reason=reason, error=str(exc))
+        node_event(
+            self.raw,
+            self.node_name,
+            self.uid,
+            type_=type_,
+            reason=reason,
+            message=message,
+            component=COMPONENT,
+            reporting_component=REPORTING_COMPONENT,
+        )
         log.info("event", type=type_, reason=reason, message=message)
 
 
