@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ from gpuslice_kube.errors import (
     KubeNotFoundError,
 )
 from gpuslice_kube.raw import RawApi, resource_path
-from gpuslice_kube.reflector import Reflector
+from gpuslice_kube.reflector import Reflector, metadata_only
 
 # The scripted server fixture from conftest.py (not importable under importlib mode).
 ScriptedServer = Any
@@ -24,7 +25,7 @@ SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 
 
 def obj(name: str, rv: str) -> dict[str, Any]:
-    return {"metadata": {"name": name, "resourceVersion": rv}}
+    return {"metadata": {"name": name, "resourceVersion": rv}, "spec": {"driver": "d"}}
 
 
 def status(code: int, reason: str, message: str) -> dict[str, Any]:
@@ -104,8 +105,11 @@ def test_watch_streams_events_and_reports_expiry(
     assert apiserver.requests[0][2]["resourceVersion"] == "4"
 
 
+@pytest.mark.parametrize("keep", [None, metadata_only])
 def test_reflector_relists_after_expiry_and_reports_missed_deletes(
-    apiserver: ScriptedServer, api_client: client.ApiClient
+    apiserver: ScriptedServer,
+    api_client: client.ApiClient,
+    keep: Callable[[dict[str, Any]], dict[str, Any]] | None,
 ) -> None:
     lists = [[obj("a", "1"), obj("b", "2")], [obj("a", "3")]]
     watches = [
@@ -130,12 +134,17 @@ def test_reflector_relists_after_expiry_and_reports_missed_deletes(
         if event_type == "DELETED":
             done.set()
 
-    reflector = Reflector(RawApi(api_client), SLICES, handler)
+    reflector = Reflector(RawApi(api_client), SLICES, handler, keep=keep)
     reflector.start()
     assert done.wait(10), f"no DELETED after relist; saw {seen}"
     reflector.stop()
+    # A cache that keeps only names and versions diffs relists the same way.
     assert seen == [("ADDED", "a"), ("ADDED", "b"), ("MODIFIED", "a"), ("DELETED", "b")]
     assert set(reflector.cache) == {"a"}
+    if keep is metadata_only:
+        assert reflector.cache["a"] == {"metadata": {"name": "a", "resourceVersion": "3"}}
+    else:
+        assert reflector.cache["a"] == obj("a", "3")
     assert not reflector._thread or not reflector._thread.is_alive(), "stop() must end the thread"
 
 

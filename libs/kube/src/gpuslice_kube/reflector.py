@@ -21,6 +21,12 @@ log = get_logger(__name__)
 Handler = Callable[[str, Obj], None]
 
 
+def metadata_only(obj: Obj) -> Obj:
+    """What a cache needs to diff a relist: the object's identity and resourceVersion."""
+    meta = obj.get("metadata") or {}
+    return {"metadata": {k: meta[k] for k in ("name", "namespace", "resourceVersion") if k in meta}}
+
+
 def object_key(obj: Obj) -> str:
     """``namespace/name`` (or ``name`` for cluster-scoped objects)."""
     meta = obj.get("metadata") or {}
@@ -32,7 +38,10 @@ class Reflector:
     """Mirror ``path`` (filtered by selectors) into ``self.cache`` and report each change.
 
     ``handler(event_type, obj)`` is called from the reflector's thread with ADDED, MODIFIED or
-    DELETED; exceptions it raises are logged and do not stop the reflector.
+    DELETED; exceptions it raises are logged and do not stop the reflector. ``keep`` reduces what
+    the cache holds of each object (``metadata_only``: a consumer that keeps its own digest
+    needs only names and versions); the handler gets whole objects, except for a delete found by
+    a relist, which it gets as the cache kept it.
     """
 
     def __init__(
@@ -46,6 +55,7 @@ class Reflector:
         watch_timeout: int = 300,
         backoff_initial: float = 0.5,
         backoff_max: float = 30.0,
+        keep: Callable[[Obj], Obj] | None = None,
     ) -> None:
         self.raw = raw
         self.path = path
@@ -55,6 +65,7 @@ class Reflector:
         self.watch_timeout = watch_timeout
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
+        self.keep = keep or (lambda obj: obj)
         self.cache: dict[str, Obj] = {}
         self.synced = threading.Event()
         self._stop = threading.Event()
@@ -104,7 +115,7 @@ class Reflector:
             self._emit("DELETED", self.cache.pop(key))
         for key, obj in fresh.items():
             old = self.cache.get(key)
-            self.cache[key] = obj
+            self.cache[key] = self.keep(obj)
             if old is None:
                 self._emit("ADDED", obj)
             elif old["metadata"].get("resourceVersion") != obj["metadata"].get("resourceVersion"):
@@ -135,7 +146,7 @@ class Reflector:
                 if event.type == "DELETED":
                     self.cache.pop(key, None)
                 else:
-                    self.cache[key] = obj
+                    self.cache[key] = self.keep(obj)
                 self._emit(event.type, obj)
             with self._lock:
                 self._stream = None

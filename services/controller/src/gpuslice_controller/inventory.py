@@ -15,7 +15,7 @@ from gpuslice_api.quantity import parse_quantity
 from gpuslice_core.errors import InvalidArgumentError
 from gpuslice_core.logging import get_logger
 from gpuslice_kube.raw import Obj, RawApi
-from gpuslice_kube.reflector import Reflector, object_key
+from gpuslice_kube.reflector import Reflector, metadata_only, object_key
 
 log = get_logger(__name__)
 
@@ -71,9 +71,8 @@ class GpuInventory:
             f"/apis/resource.k8s.io/{version}/resourceslices",
             self._on_event,
             field_selector=f"spec.driver={driver}",
+            keep=metadata_only,  # the facts are kept here; whole slices are not
         )
-        # The cache holds whole slices; this consumer needs only the facts.
-        self.reflector.cache = _Keys()
 
     def _on_event(self, event_type: str, obj: Obj) -> None:
         key = object_key(obj)
@@ -100,19 +99,3 @@ class GpuInventory:
     def max_gpu_memory(self) -> int | None:
         """Bytes of the largest GPU our driver publishes; None when it publishes none (yet)."""
         return max(self.gpu_memory_sizes(), default=None)
-
-
-class _Keys(dict[str, Obj]):
-    """A reflector cache that keeps only each object's resourceVersion (for relist diffs)."""
-
-    def __setitem__(self, key: str, obj: Obj) -> None:
-        meta = obj.get("metadata") or {}
-        super().__setitem__(
-            key,
-            {
-                "metadata": {
-                    "name": meta.get("name"),
-                    "resourceVersion": meta.get("resourceVersion"),
-                }
-            },
-        )

@@ -19,7 +19,7 @@ from gpuslice_controller.admission import Decision, Request
 from gpuslice_core.logging import get_logger
 from gpuslice_kube.errors import KubeAlreadyExistsError
 from gpuslice_kube.raw import Obj, RawApi
-from gpuslice_kube.reflector import Reflector
+from gpuslice_kube.reflector import Reflector, metadata_only
 
 log = get_logger(__name__)
 
@@ -63,6 +63,7 @@ class PodTranslator:
             f"/apis/resource.k8s.io/{version}/resourceclaimtemplates",
             lambda _type, _obj: None,
             label_selector=f"{MANAGED_BY}={MANAGER}",
+            keep=metadata_only,  # which templates exist is all the webhook asks
         )
 
     def start(self) -> None:
