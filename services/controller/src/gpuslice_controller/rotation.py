@@ -201,8 +201,3 @@ class Rotator:
             except Exception as exc:  # a failed pass is retried on the next one
                 log.warning("certificate reconcile failed", secret=self.secret, error=str(exc))
             stop.wait(interval)
-
-
-def names(value: str) -> tuple[str, ...]:
-    """A comma-separated flag value as a tuple of names."""
-    return tuple(n.strip() for n in value.split(",") if n.strip())
