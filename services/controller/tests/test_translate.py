@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from gpuslice_api import gpuconfig
+from gpuslice_controller.selectors import cel_string
 from gpuslice_controller.translate import (
     TRANSLATED_ANNOTATION,
     ClusterFacts,
     Denied,
     Translation,
-    cel_string,
     pointer_escape,
     translate_pod,
 )

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import string
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
 from gpuslice_api.quantity import MIB, format_bytes, human_bytes, parse_quantity
-from gpuslice_controller.dialects import BY_RESOURCE, Dialect, SelectorAnnotation
+from gpuslice_controller.dialects import BY_RESOURCE, Dialect
+from gpuslice_controller.selectors import annotation_selectors, size_selector
 from gpuslice_core.errors import InvalidArgumentError
 
 TRANSLATED_ANNOTATION = "gpu.gpuslice.dev/translated-from"
@@ -35,11 +35,8 @@ GPUCONFIG_API_VERSION = "gpu.gpuslice.dev/v1alpha1"
 
 MAX_ALTERNATIVES = 8
 """``firstAvailable`` holds at most 8 subrequests (one per distinct GPU memory size)."""
-MAX_CEL_BYTES = 10 * 1024
-"""The API server's limit on one CEL expression."""
 
 _CONTAINER_KINDS = ("initContainers", "containers")
-_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 
 
 class Denied(InvalidArgumentError):  # noqa: N818 - the webhook's verdict, not a fault
@@ -152,7 +149,10 @@ def translate_pod(
             f"translated: ask for a MIG device with a ResourceClaim of class mig.gpuslice.dev"
         )
     warnings: list[str] = []
-    selectors = _selectors(dialect, annotations, driver_domain)
+    try:
+        selectors = annotation_selectors(dialect, annotations, driver_domain)
+    except ValueError as exc:
+        raise Denied(str(exc)) from exc
     taken = {str(c.get("name")) for c in spec.get("resourceClaims") or []}
 
     templates: dict[str, dict[str, Any]] = {}
@@ -449,7 +449,7 @@ def _request(
         )
     subrequests = []
     for size, capacity in options:
-        sub = exactly(capacity, [_size_selector(domain, size)])
+        sub = exactly(capacity, [size_selector(domain, size)])
         subrequests.append({"name": f"gpu-{format_bytes(size).lower()}", **sub})
     shown = " or ".join(f"{_show(c)} on {human_bytes(s)}" for s, c in options)
     return {"firstAvailable": subrequests}, config, f"{gpus}, {shown}"
@@ -495,77 +495,6 @@ def _template(d: Dialect, request: dict[str, Any], config: dict[str, Any] | None
         },
         "spec": spec,
     }
-
-
-# --- CEL ---------------------------------------------------------------------------------------
-
-
-def cel_string(value: str) -> str:
-    """``value`` as a CEL string literal: quotes and backslashes escaped, everything outside
-    printable ASCII as ``\\u``/``\\U`` escapes, so user text can never end the literal."""
-    out = ['"']
-    for ch in value:
-        code = ord(ch)
-        if 0xD800 <= code <= 0xDFFF:
-            raise ValueError(f"{value!r} holds a lone surrogate")
-        if ch in '\\"':
-            out.append("\\" + ch)
-        elif " " <= ch <= "~":
-            out.append(ch)
-        elif code <= 0xFFFF:
-            out.append(f"\\u{code:04x}")
-        else:
-            out.append(f"\\U{code:08x}")
-    out.append('"')
-    return "".join(out)
-
-
-def _attr(domain: str, name: str) -> str:
-    return f"device.attributes[{cel_string(domain)}].{name}"
-
-
-def _size_selector(domain: str, size: int) -> str:
-    quantity = cel_string(format_bytes(size))
-    return f"device.capacity[{cel_string(domain)}].memory.compareTo(quantity({quantity})) == 0"
-
-
-def _selectors(d: Dialect, annotations: Mapping[str, str], domain: str) -> list[str]:
-    """One CEL selector per selector annotation the pod carries."""
-    out = []
-    for rule in d.selector_annotations:
-        raw = annotations.get(rule.key)
-        if raw is None:
-            continue
-        entries = [e.strip() for e in str(raw).split(",") if e.strip()]
-        if not entries:
-            continue
-        try:
-            expression = _selector(rule, entries, domain)
-        except ValueError as exc:
-            raise Denied(f"annotation {rule.key}={raw!r}: {exc}") from exc
-        if len(expression.encode()) > MAX_CEL_BYTES:
-            raise Denied(
-                f"annotation {rule.key} is too long: its selector would exceed the "
-                f"{MAX_CEL_BYTES}-byte limit of a CEL expression"
-            )
-        out.append(expression)
-    return out
-
-
-def _selector(rule: SelectorAnnotation, entries: Sequence[str], domain: str) -> str:
-    attr = _attr(domain, rule.attribute)
-    if rule.match == "exact":
-        listed = ", ".join(cel_string(e) for e in entries)
-        matches = f"{attr} in [{listed}]"
-    else:
-        lowered = f"{attr}.lowerAscii()"
-        matches = " || ".join(
-            f"{lowered}.contains({cel_string(e.translate(_ASCII_LOWER))})" for e in entries
-        )
-        if len(entries) > 1:
-            matches = f"({matches})"
-    guarded = f"has({attr}) && {matches}"
-    return f"!({guarded})" if rule.exclude else guarded
 
 
 # --- the patch ---------------------------------------------------------------------------------
