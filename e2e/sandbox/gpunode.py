@@ -341,6 +341,7 @@ def gpu_pod(
     template: str | None = None,
     claim: str | None = None,
     limits: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
 ) -> Obj:
     container: Obj = {"name": "main", "image": "busybox", "command": ["sh", "-c", ENV_SCRIPT]}
     spec: Obj = {
@@ -359,7 +360,7 @@ def gpu_pod(
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace},
+        "metadata": {"name": name, "namespace": namespace, "labels": labels or {}},
         "spec": spec,
     }
 

@@ -29,7 +29,7 @@ from cryptography import x509
 from e2e.sandbox import procs
 from e2e.sandbox.binaries import KubeBinaries
 from e2e.sandbox.controlplane import ControlPlane
-from e2e.sandbox.gpunode import ENV_SCRIPT, RESOURCE, pod_devices
+from e2e.sandbox.gpunode import RESOURCE, gpu_pod, pod_devices
 from e2e.sandbox.nodeagent.testing import get_pod, unique, wait_for, wait_pod_phase
 from e2e.sandbox.nodeservices import NodePod, serve_node_pod, start_node_pod
 from e2e.tests.test_chart import helm_bin, render
@@ -340,23 +340,8 @@ def dialect_pod(
     limits: dict[str, str],
     labels: dict[str, str] | None = None,
 ) -> Obj:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels or {}},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": node},
-            "terminationGracePeriodSeconds": 2,
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "busybox",
-                    "command": ["sh", "-c", ENV_SCRIPT],
-                    "resources": {"limits": limits},
-                }
-            ],
-        },
-    }
+    """A pod that prints its gpuslice environment, asking in a dialect's ``limits``."""
+    return gpu_pod(namespace, name, node, limits=limits, labels=labels)
 
 
 def test_every_dialect_runs_with_the_limits_it_meant(
