@@ -65,6 +65,7 @@ class GpuInventory:
     def __init__(self, raw: RawApi, *, driver: str, version: str) -> None:
         self.driver = driver
         self._facts: dict[str, SliceFacts] = {}
+        self._sizes: frozenset[int] | None = frozenset()  # None: recompute on the next read
         self._lock = threading.Lock()
         self.reflector = Reflector(
             raw,
@@ -81,6 +82,7 @@ class GpuInventory:
                 self._facts.pop(key, None)
             else:
                 self._facts[key] = slice_facts(obj, self.driver)
+            self._sizes = None
 
     def start(self) -> None:
         self.reflector.start()
@@ -92,9 +94,12 @@ class GpuInventory:
         return self.reflector.synced.is_set()
 
     def gpu_memory_sizes(self) -> frozenset[int]:
-        """The distinct memory sizes (bytes) of the whole GPUs our driver publishes."""
+        """The distinct memory sizes (bytes) of the whole GPUs our driver publishes (computed
+        once per change of the slices, not per admission review)."""
         with self._lock:
-            return frozenset().union(*(f.gpu_memory for f in self._facts.values()))
+            if self._sizes is None:
+                self._sizes = frozenset().union(*(f.gpu_memory for f in self._facts.values()))
+            return self._sizes
 
     def max_gpu_memory(self) -> int | None:
         """Bytes of the largest GPU our driver publishes; None when it publishes none (yet)."""
