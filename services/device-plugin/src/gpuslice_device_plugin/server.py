@@ -87,16 +87,7 @@ class PluginManager:
     def start(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         for resource in self.resources:
-            servicer = DevicePluginServicer(
-                resource,
-                self.settings,
-                self.health,
-                self.topology,
-                self.metrics,
-                shared_policy=self.shared_policy,
-                shares=self.shares,
-            )
-            self.endpoints.append(Endpoint(resource, servicer))
+            self.endpoints.append(Endpoint(resource, self._servicer(resource)))
         with self._lock:
             self._kubelet_id = _identity(self.kubelet_socket)
             for ep in self.endpoints:
@@ -113,11 +104,11 @@ class PluginManager:
             for ep in self.endpoints:
                 self._stop_server(ep, grace)
 
-    def _serve(self, ep: Endpoint) -> None:
-        """(Re)start the resource's server on a fresh socket; it must serve before Register."""
-        self._stop_server(ep, grace=0.5)
-        servicer = DevicePluginServicer(
-            ep.resource,
+    def _servicer(self, resource: Resource) -> DevicePluginServicer:
+        """A fresh servicer: each (re)start of a resource's server gets one, so the streams of
+        the previous one end with it."""
+        return DevicePluginServicer(
+            resource,
             self.settings,
             self.health,
             self.topology,
@@ -125,6 +116,11 @@ class PluginManager:
             shared_policy=self.shared_policy,
             shares=self.shares,
         )
+
+    def _serve(self, ep: Endpoint) -> None:
+        """(Re)start the resource's server on a fresh socket; it must serve before Register."""
+        self._stop_server(ep, grace=0.5)
+        servicer = self._servicer(ep.resource)
         server = UnixGrpcServer(
             [self.socket(ep.resource)], name=f"dp-{ep.resource.socket_name}", max_workers=8
         )
