@@ -169,8 +169,7 @@ def test_prepare_and_unprepare_are_idempotent(
     def reads() -> int:
         return len([p for p in raw.gets if p.endswith(f"/namespaces/{namespace}/resourceclaims/c")])
 
-    assert reads() >= 1
-    before = reads()
+    before = reads()  # none when the claim cache had it already
     # the repeat is answered from the checkpoint: no API read (the claim is even gone from the
     # API now), no side effect
     delete_claim(kube, namespace, "c")

@@ -88,6 +88,8 @@ class DeviceState:
         inventory: Callable[[], Inventory],
         read_claim: Callable[[ClaimRef], Obj],
         cdi: CdiWriter,
+        cached_claim: Callable[[ClaimRef], Obj | None] = lambda _ref: None,
+        unprepared: Callable[[str], None] = lambda _uid: None,
         enforcer: Enforcer,
         mig: MigManager,
         metrics: PluginMetrics,
@@ -101,6 +103,8 @@ class DeviceState:
         self.instance = instance
         self.inventory = inventory
         self.read_claim = read_claim
+        self.cached_claim = cached_claim
+        self.unprepared = unprepared
         self.cdi = cdi
         self.enforcer = enforcer
         self.mig = mig
@@ -160,9 +164,8 @@ class DeviceState:
             log.debug("already prepared")
             return answer(committed)  # idempotent: no API read, no side effect
         start = time.perf_counter()
-        claim = parse_claim(self._read(ref), ref, driver=self.driver, pool=self.pool)
+        plan, source = self._plan(ref)
         read = time.perf_counter()
-        plan = make_plan(claim, self.inventory(), self.pool)
         with self._lock(ref.uid):
             external = plan.dynamic_mig or (plan.share is not None and self.enforcer.present)
             if external or ref.uid in self.committer.read().claims:
@@ -174,10 +177,24 @@ class DeviceState:
             "prepared",
             devices=[d.device for d in finished.devices],
             enforcement=finished.enforcement,
+            claim_source=source,
             api_read_ms=round((read - start) * 1000, 3),
             local_ms=round((done - read) * 1000, 3),
         )
         return answer(finished)
+
+    def _plan(self, ref: ClaimRef) -> tuple[Plan, str]:
+        """Plan from the claim cache when it holds the claim the kubelet names; any problem
+        with the cached copy (it may lag behind the API) is settled by reading the API."""
+        cached = self.cached_claim(ref)
+        if cached is not None:
+            try:
+                claim = parse_claim(cached, ref, driver=self.driver, pool=self.pool)
+                return make_plan(claim, self.inventory(), self.pool), "cache"
+            except ClaimError as exc:
+                log.debug("cached claim not usable; reading the API", reason=exc.reason)
+        claim = parse_claim(self._read(ref), ref, driver=self.driver, pool=self.pool)
+        return make_plan(claim, self.inventory(), self.pool), "api"
 
     def _prepare_with_intent(self, plan: Plan) -> ClaimRecord:
         """Side effects outside this node's files (enforcer share, MIG instance): the intent is
@@ -346,6 +363,7 @@ class DeviceState:
                 return
             self._teardown(record)
             self.committer.run(lambda s: self._drop(s, uid))
+        self.unprepared(uid)
         log.info("unprepared", devices=[d.device for d in record.devices])
 
     def _begin_unprepare(self, state: PluginState, uid: str) -> ClaimRecord | None:
