@@ -190,7 +190,7 @@ def bench_calls(
             c.close()
     print("    (plugin side: its 'prepared' log line; 'the rest' = plan, checkpoint intent, CDI")
     print("     spec, checkpoint completion, i.e. prepare excluding the API read)")
-    leftovers = json.loads(plugin.checkpoint.read_text())["data"]["claims"]
+    leftovers = plugin.checkpoint_claims()
     print(f"errors: {len(errors)}  claims left prepared after unprepare: {len(leftovers)}")
     for e in errors[:5]:
         print("  error:", e)

@@ -29,6 +29,7 @@ from typing import TypeVar
 import structlog
 
 from gpuslice_core.errors import GpusliceError
+from gpuslice_core.journal import Txn
 from gpuslice_core.logging import get_logger
 from gpuslice_kube.errors import KubeNotFoundError
 from gpuslice_kube.raw import Obj
@@ -248,7 +249,7 @@ class DeviceState:
 
     def _begin(
         self,
-        state: PluginState,
+        txn: Txn[PluginState],
         plan: Plan,
         *,
         drop: bool = False,
@@ -256,6 +257,7 @@ class DeviceState:
     ) -> tuple[str, ClaimRecord]:
         """("done", record) | ("leftover", record to tear down first) | ("started", intent).
         With ``done`` (side effects already applied) the record is committed completed."""
+        state = txn.state
         existing = state.claims.get(plan.uid)
         if existing is not None:
             if existing.state == "PrepareCompleted":
@@ -270,9 +272,9 @@ class DeviceState:
                 return "leftover", existing.model_copy(deep=True)
         check_overlap(plan, state)
         if done is not None:
-            return "done", self._finish(state, done)
+            return "done", self._finish(txn, done)
         record = self._record(plan)
-        state.claims[plan.uid] = record
+        txn.put(plan.uid, record)
         return "started", record.model_copy(deep=True)
 
     def _apply(self, record: ClaimRecord, plan: Plan) -> None:
@@ -304,11 +306,11 @@ class DeviceState:
         for device in record.devices:
             device.cdi_device_ids = ids[self.cdi.device_name(record.uid, device)]
 
-    def _finish(self, state: PluginState, record: ClaimRecord) -> ClaimRecord:
+    def _finish(self, txn: Txn[PluginState], record: ClaimRecord) -> ClaimRecord:
         record.state = "PrepareCompleted"
         record.updated = time.time()
-        state.claims[record.uid] = record
-        self._refresh_gauges(state)
+        txn.put(record.uid, record)
+        self._refresh_gauges(txn.state)
         return record.model_copy(deep=True)
 
     def _abort(self, record: ClaimRecord) -> None:
@@ -317,7 +319,7 @@ class DeviceState:
         except Exception as exc:  # the record stays; the next attempt tears down again
             log.warning("rollback of a failed prepare failed", error=str(exc))
             return
-        self.committer.run(lambda s: s.claims.pop(record.uid, None))
+        self.committer.run(lambda txn: txn.delete(record.uid))
 
     # ---- teardown --------------------------------------------------------------------------
     def _teardown(self, record: ClaimRecord) -> None:
@@ -366,10 +368,11 @@ class DeviceState:
         self.unprepared(uid)
         log.info("unprepared", devices=[d.device for d in record.devices])
 
-    def _begin_unprepare(self, state: PluginState, uid: str) -> ClaimRecord | None:
-        record = state.claims.get(uid)
-        if record is None:
+    def _begin_unprepare(self, txn: Txn[PluginState], uid: str) -> ClaimRecord | None:
+        committed = txn.state.claims.get(uid)
+        if committed is None:
             return None
+        record = committed.model_copy(deep=True)  # readers' snapshots share the committed one
         if record.state != "PrepareCompleted" and not self._leftover(record):
             raise ClaimError(
                 "InProgress",
@@ -379,11 +382,12 @@ class DeviceState:
         record.state = "UnprepareStarted"
         record.owner = self.instance.id
         record.updated = time.time()
+        txn.put(uid, record)
         return record.model_copy(deep=True)
 
-    def _drop(self, state: PluginState, uid: str) -> None:
-        state.claims.pop(uid, None)
-        self._refresh_gauges(state)
+    def _drop(self, txn: Txn[PluginState], uid: str) -> None:
+        txn.delete(uid)
+        self._refresh_gauges(txn.state)
 
     # ---- recovery --------------------------------------------------------------------------
     def completed(self) -> list[ClaimRecord]:
