@@ -10,19 +10,20 @@ The state must keep its records in one ``dict[str, BaseModel]`` field (``records
 transaction changes records with ``put``/``delete`` and never mutates a record in place (the
 previous snapshot, which readers may hold, shares the record objects).
 
-Journal file (JSON lines)::
+Journal file: lines of ``sha256:<hex> <canonical JSON>``::
 
-    {"base": "<base checksum>", "bootId": …, "checksum": "sha256:…", "kind": …, "schemaVersion": N}
-    {"checksum": "sha256:…", "ops": [{"put": "<key>", "value": {…}}, {"delete": "<key>"}], "seq": 1}
+    sha256:… {"base":"<base checksum>","bootId":…,"kind":…,"schemaVersion":N}
+    sha256:… {"ops":[{"put":"<key>","value":{…}},{"delete":"<key>"}],"seq":1}
     …
 
 - The header names the checksum of the base it applies to: a journal whose base was since
   replaced (a crash after compaction wrote the new base, before the journal was removed) is
   stale and ignored (its changes are in the base). Its kind, boot id and schema version must be
   the base's.
-- Each line's checksum covers ``{"base", "ops", "seq"}`` (canonical JSON, as the base's);
-  ``seq`` counts from 1 without gaps. A line is appended with one ``write`` and then
-  fdatasynced, and only then is the commit acknowledged.
+- The header's checksum is the SHA-256 of its JSON; each later line's is the SHA-256 of the
+  base's checksum, a newline and the line's JSON, which ties the line to its base (hashing the
+  bytes as written keeps a full read cheap). ``seq`` counts from 1 without gaps. A line is
+  appended with one ``write`` and then fdatasynced, and only then is the commit acknowledged.
 - A last line without its newline is an append that was cut short (kill -9 inside ``write``):
   never acknowledged, so it is dropped, and cut off before the next append. Any complete line
   that does not parse, has a wrong checksum or breaks the sequence is corruption
@@ -43,6 +44,7 @@ import hashlib
 import json
 import os
 import tempfile
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,8 +63,8 @@ from gpuslice_core.errors import CorruptStateError, InvalidArgumentError
 from gpuslice_core.files import TEMP_SUFFIX, fsync_dir, temp_files_for
 from gpuslice_core.strict import describe_errors
 
-HEADER_KEYS = ("base", "bootId", "checksum", "kind", "schemaVersion")
-LINE_KEYS = ("checksum", "ops", "seq")
+HEADER_KEYS = ("base", "bootId", "kind", "schemaVersion")
+LINE_KEYS = ("ops", "seq")
 
 Identity = tuple[tuple[int, int, int] | None, tuple[int, int] | None]
 
@@ -73,8 +75,8 @@ def _canonical(obj: Any) -> bytes:
     ).encode("utf-8")
 
 
-def _digest(obj: Any) -> str:
-    return "sha256:" + hashlib.sha256(_canonical(obj)).hexdigest()
+def _digest(*parts: bytes) -> bytes:
+    return b"sha256:" + hashlib.sha256(b"\n".join(parts)).hexdigest().encode("ascii")
 
 
 class Txn(Generic[ModelT]):
@@ -137,6 +139,9 @@ class JournaledStore(Generic[ModelT]):
         self.compact_lines = max(1, compact_lines)
         self.journal_path = self.base.path.with_name(self.base.path.name + ".journal")
         self._cached: _Loaded[ModelT] | None = None
+        # held while this process changes the files and the cache together: a reader that
+        # sees files newer than the cache waits for it instead of loading them again
+        self._writing = threading.Lock()
 
     @property
     def path(self) -> Path:
@@ -165,9 +170,13 @@ class JournaledStore(Generic[ModelT]):
         cached = self._cached
         if cached is not None and cached.identity == self._identity():
             return cached.result.state
-        loaded = self._load(locked=False)
-        self._cached = loaded
-        return loaded.result.state
+        with self._writing:  # our own write in progress? then the cache is current after it
+            cached = self._cached
+            if cached is not None and cached.identity == self._identity():
+                return cached.result.state
+            loaded = self._load(locked=False)  # another process wrote: read the files
+            self._cached = loaded
+            return loaded.result.state
 
     def _load(self, *, locked: bool) -> _Loaded[ModelT]:
         base = self.base
@@ -219,12 +228,10 @@ class JournaledStore(Generic[ModelT]):
         complete = lines[:-1]
         if not complete:
             return 0, 0
-        header = self._parse(complete[0], 1, HEADER_KEYS)
+        header = self._parse(complete[0], 1, HEADER_KEYS, b"")
         if header["base"] != doc["checksum"]:
             return 0, 0  # stale: written before the base was compacted; its changes are in it
-        expected = _digest({k: header[k] for k in HEADER_KEYS if k != "checksum"})
-        if header["checksum"] != expected:
-            raise self._corrupt(f"line 1 (header): checksum mismatch ({header['checksum']})")
+        base_checksum = str(doc["checksum"]).encode("ascii")
         for key in ("kind", "bootId", "schemaVersion"):
             if header[key] != doc[key]:
                 raise self._corrupt(
@@ -236,24 +243,27 @@ class JournaledStore(Generic[ModelT]):
         offset = len(complete[0]) + 1
         seq = 0
         for number, line in enumerate(complete[1:], start=2):
-            entry = self._parse(line, number, LINE_KEYS)
+            entry = self._parse(line, number, LINE_KEYS, base_checksum)
             if entry["seq"] != seq + 1:
                 raise self._corrupt(f"line {number}: seq {entry['seq']!r}, expected {seq + 1}")
-            actual = _digest({"base": header["base"], "ops": entry["ops"], "seq": entry["seq"]})
-            if entry["checksum"] != actual:
-                raise self._corrupt(
-                    f"line {number}: checksum mismatch (line says {entry['checksum']}, content "
-                    f"hashes to {actual})"
-                )
             for op in entry["ops"]:
                 self._apply(records, op, number)
             seq = entry["seq"]
             offset += len(line) + 1
         return offset, seq
 
-    def _parse(self, line: bytes, number: int, keys: tuple[str, ...]) -> dict[str, Any]:
+    def _parse(
+        self, line: bytes, number: int, keys: tuple[str, ...], base_checksum: bytes
+    ) -> dict[str, Any]:
+        said, _, payload = line.partition(b" ")
+        actual = _digest(base_checksum, payload) if base_checksum else _digest(payload)
+        if said != actual:
+            raise self._corrupt(
+                f"line {number}: checksum mismatch (line says {said[:80]!r}, content hashes "
+                f"to {actual.decode()})"
+            )
         try:
-            obj = json.loads(line)
+            obj = json.loads(payload)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise self._corrupt(f"line {number}: not valid JSON ({exc})") from exc
         if not isinstance(obj, dict) or sorted(obj) != sorted(keys):
@@ -277,7 +287,7 @@ class JournaledStore(Generic[ModelT]):
     # ---- writing ---------------------------------------------------------------------------
     def save(self, state: ModelT) -> None:
         """Replace the stored state with ``state`` (a new base; the journal is dropped)."""
-        with self.base._locked():
+        with self.base._locked(), self._writing:
             self._compact(state)
 
     @contextlib.contextmanager
@@ -299,10 +309,11 @@ class JournaledStore(Generic[ModelT]):
                 or current.result.migrated_from is not None
                 or current.base_checksum is None
             )
-            if rewrite or current.seq + 1 >= self.compact_lines:
-                self._compact(txn.state)
-            elif txn.changed:
-                self._append(current, txn)
+            with self._writing:
+                if rewrite or current.seq + 1 >= self.compact_lines:
+                    self._compact(txn.state)
+                elif txn.changed:
+                    self._append(current, txn)
 
     def _compact(self, state: ModelT) -> None:
         self.base._write(state)
@@ -332,12 +343,8 @@ class JournaledStore(Generic[ModelT]):
         assert base_checksum is not None
         seq = current.seq + 1
         ops = self._ops(txn)
-        entry = {
-            "checksum": _digest({"base": base_checksum, "ops": ops, "seq": seq}),
-            "ops": ops,
-            "seq": seq,
-        }
-        line = _canonical(entry) + b"\n"
+        payload = _canonical({"ops": ops, "seq": seq})
+        line = _digest(base_checksum.encode("ascii"), payload) + b" " + payload + b"\n"
         if current.offset == 0:
             offset = self._create(base_checksum, line)
         else:
@@ -362,8 +369,8 @@ class JournaledStore(Generic[ModelT]):
             "kind": base._kind,
             "schemaVersion": base._version,
         }
-        header["checksum"] = _digest(header)
-        payload = _canonical(header) + b"\n" + line
+        encoded = _canonical(header)
+        payload = _digest(encoded) + b" " + encoded + b"\n" + line
         path = self.journal_path
         for leftover in temp_files_for(path):  # safe: every writer holds the lock
             leftover.unlink(missing_ok=True)
