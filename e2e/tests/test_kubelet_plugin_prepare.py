@@ -318,7 +318,9 @@ def test_checkpoint_file_is_versioned_and_checksummed(
     assert doc["checksum"].startswith("sha256:")
     assert doc["data"]["claims"][first["metadata"]["uid"]]["state"] == "PrepareCompleted"
     # later commits append to the journal, which names the base it belongs to
-    lines = [json.loads(x) for x in (state_dir / "kubelet-plugin.json.journal").open()]
+    journal = (state_dir / "kubelet-plugin.json.journal").read_bytes().splitlines()
+    assert all(x.startswith(b"sha256:") for x in journal)  # each line: checksum, then JSON
+    lines = [json.loads(x.partition(b" ")[2]) for x in journal]
     assert lines[0]["base"] == doc["checksum"]
     assert (lines[0]["kind"], lines[0]["schemaVersion"], lines[0]["bootId"]) == (
         "kubelet-plugin",
