@@ -6,12 +6,16 @@ asserts nothing except that no claim failed or got lost.
 1. NodePrepareResources / NodeUnprepareResources over the DRA socket, one claim per call,
    1, 10 and 100 calls at once (the kubelet sends one call per pod): latency p50/p99 as the
    kubelet sees it and throughput. Every claim is a share (cores and memory from
-   consumedCapacity) of one of 8 H100s, allocated in the API as the scheduler writes it. The
-   plugin's own per-claim timings (its "prepared" log line) split the API read from the rest.
-   Once without an enforcer (accounting only: CDI spec + one checkpoint commit) and once with
-   a stand-in enforcer over real gRPC (intent commit, CreateShare, CDI spec, completion).
-2. Pod creation to Running for shared-GPU pods (scheduler + node agent + plugin).
-3. Publishing 8 H100s in MIG mode with every placement advertised (200 devices, 5 slices):
+   consumedCapacity) of one of 8 H100s, allocated in the API as the scheduler writes it, and
+   prepared once (every round takes fresh claims, as every pod start brings its own). The
+   plugin's own per-claim timings (its "prepared" log line) split getting the claim (from the
+   watch-fed cache, or an API read) and planning it from the rest. Once without an enforcer
+   (accounting only: CDI spec + one checkpoint commit) and once with a stand-in enforcer over
+   real gRPC (intent commit, CreateShare, CDI spec, completion).
+2. Cost curve: prepare latency, one claim at a time, with 10, 100 and 1,000 claims already
+   prepared on the node (pre-filled checkpoint); bench_checkpoint.py prints the commit's curve.
+3. Pod creation to Running for shared-GPU pods (scheduler + node agent + plugin).
+4. Publishing 8 H100s in MIG mode with every placement advertised (200 devices, 5 slices):
    discovery, and one full publication against the real API server.
 """
 
@@ -28,12 +32,14 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from gpuslice_core import logging as gslog
 from gpuslice_kube.client import new_api_client
 from gpuslice_kube.raw import Obj, RawApi, resource_path
+from gpuslice_kubelet_plugin.checkpoint import ClaimRecord, DeviceRecord, PluginState, open_store
 from gpuslice_kubelet_plugin.discovery import DRIVER, discover
 from gpuslice_kubelet_plugin.kubeapi import ResourceApi, detect
 from gpuslice_kubelet_plugin.metrics import PluginMetrics
@@ -103,7 +109,7 @@ def make_claims(kube: RawApi, namespace: str, node: str, count: int) -> list[Cla
     return claims
 
 
-def plugin_timings(plugin: PluginProcess) -> list[dict[str, float]]:
+def plugin_timings(plugin: PluginProcess) -> list[dict[str, Any]]:
     lines = [json.loads(x) for x in plugin.log.read_text().splitlines() if x.startswith("{")]
     return [x for x in lines if x.get("event") == "prepared"]
 
@@ -142,17 +148,19 @@ def concurrent(
 def bench_calls(
     plugin: PluginProcess, claims: list[ClaimTuple], rounds: dict[int, int], title: str
 ) -> None:
+    """``claims`` holds at least sum(width x repeat) claims: each is prepared once."""
     print(f"\n== DRA calls over the socket (one claim per call, shares of 8 H100s), {title} ==")
     clients = [DraClient(plugin.sockets.dra) for _ in range(max(rounds))]
     errors: list[str] = []
     seen = len(plugin_timings(plugin))
+    fresh = iter(claims)
     try:
         for width, repeat in rounds.items():
             prep: list[float] = []
             unprep: list[float] = []
             prep_rate, unprep_rate = [], []
             for _ in range(repeat):
-                batch = claims[:width]
+                batch = [next(fresh) for _ in range(width)]
 
                 def prepare(i: int, c: ClaimTuple = ("", "", "")) -> Callable[[], None]:
                     def call() -> None:
@@ -184,16 +192,89 @@ def bench_calls(
             seen += len(prepared)
             reads = [x["api_read_ms"] / 1e3 for x in prepared]
             local = [x["local_ms"] / 1e3 for x in prepared]
-            print(f"    plugin side: API read {fmt(reads)}; the rest {fmt(local)}")
+            cached = sum(x.get("claim_source") == "cache" for x in prepared)
+            print(
+                f"    plugin side: claim + plan {fmt(reads)} ({cached}/{len(prepared)} from the "
+                f"cache); the rest {fmt(local)}"
+            )
     finally:
         for c in clients:
             c.close()
-    print("    (plugin side: its 'prepared' log line; 'the rest' = plan, checkpoint intent, CDI")
-    print("     spec, checkpoint completion, i.e. prepare excluding the API read)")
-    leftovers = json.loads(plugin.checkpoint.read_text())["data"]["claims"]
+    print("    (plugin side: its 'prepared' log line; 'claim + plan' = the claim from the cache")
+    print("     or an API read, parsed and planned; 'the rest' = checkpoint intent, CDI spec,")
+    print("     checkpoint completion)")
+    leftovers = plugin.checkpoint_claims()
     print(f"errors: {len(errors)}  claims left prepared after unprepare: {len(leftovers)}")
     for e in errors[:5]:
         print("  error:", e)
+
+
+def filler(node: str, i: int) -> ClaimRecord:
+    """A prepared claim that takes no capacity (admin access), to fill the checkpoint."""
+    uid = str(uuid.uuid4())
+    return ClaimRecord(
+        uid=uid,
+        namespace="bench-filler",
+        name=f"f{i}",
+        state="PrepareCompleted",
+        owner="bench",
+        devices=[
+            DeviceRecord(
+                request="gpu",
+                pool=node,
+                device=f"gpu-{i % 8}",
+                admin_access=True,
+                cdi_device_ids=[f"k8s.gpu.gpuslice.dev/claim={uid}-gpu-{i % 8}"],
+            )
+        ],
+        enforcement="exclusive",
+        updated=time.time(),
+    )
+
+
+def bench_cost_curve(
+    sandbox: ControlPlane,
+    root: Path,
+    config: Path,
+    node: str,
+    claims: list[ClaimTuple],
+    sizes: list[int],
+    per_size: int,
+) -> None:
+    print("\n== cost curve: prepare with N claims already prepared (one call at a time) ==")
+    fresh = iter(claims)
+    for size in sizes:
+        state_dir = root / f"curve-{size}"
+        state_dir.mkdir()
+        records = (filler(node, i) for i in range(size))
+        open_store(state_dir).save(PluginState(claims={r.uid: r for r in records}))
+        plugin = PluginProcess(
+            node=node,
+            kubeconfig=sandbox.kubeconfig,
+            fake_nvml_config=config,
+            state_dir=state_dir,
+            cdi_root=root / f"curve-cdi-{size}",
+            registrar_dir=root / "reg",
+            plugins_dir=root / "plugins",
+            log=root / f"curve-{size}.log",
+        ).start()
+        client = DraClient(plugin.sockets.dra)
+        prep, unprep = [], []
+        try:
+            for _ in range(per_size):
+                c = next(fresh)
+                start = time.perf_counter()
+                answer = client.prepare([c])[c[2]]
+                prep.append(time.perf_counter() - start)
+                start = time.perf_counter()
+                error = client.unprepare([c])[c[2]]
+                unprep.append(time.perf_counter() - start)
+                if answer.error or error:
+                    print("  error:", answer.error or error)
+        finally:
+            client.close()
+            plugin.stop()
+        print(f"{size:>5} prepared  prepare {fmt(prep)}   unprepare {fmt(unprep)}")
 
 
 def bench_pods(sandbox: ControlPlane, kube: RawApi, root: Path, count: int) -> None:
@@ -321,8 +402,11 @@ def main() -> None:
         kube.create(resource_path("v1", "namespaces"), {"metadata": {"name": ns}})
         node = "bench-node"
         config = write_node(root, [{"model": "H100", "count": 8}], node)
-        claims = make_claims(kube, ns, node, args.claims)
         rounds = {1: 100, 10: 10, args.claims: 3}
+        per_plugin = sum(width * repeat for width, repeat in rounds.items())
+        sizes = [10, 100, 1000]
+        curve = 50
+        claims = make_claims(kube, ns, node, 2 * per_plugin + len(sizes) * curve)
         enforcer = StandinEnforcer().serve(root / "enforcer.sock")
         for title, extra in (
             ("no enforcer (accounting only)", ()),
@@ -343,10 +427,12 @@ def main() -> None:
                 extra=extra,
             ).start()
             try:
-                bench_calls(plugin, claims, rounds, title)
+                bench_calls(plugin, claims[:per_plugin], rounds, title)
             finally:
                 plugin.stop()
+            claims = claims[per_plugin:]
         enforcer.stop()
+        bench_cost_curve(sandbox, root, config, node, claims, sizes, curve)
         bench_pods(sandbox, kube, root, args.pods)
         bench_mig_publish(kube, root)
     finally:

@@ -11,7 +11,6 @@ tests are created in the real API with their allocation written into ``status``.
 from __future__ import annotations
 
 import contextlib
-import json
 import shutil
 import socket
 import tempfile
@@ -73,12 +72,7 @@ class GpuNode:
         return {d["name"]: d for s in self.slices(kube) for d in s["spec"].get("devices") or []}
 
     def checkpoint_claims(self) -> dict[str, Obj]:
-        try:
-            doc = json.loads(self.plugin.checkpoint.read_text())
-        except FileNotFoundError:
-            return {}
-        claims: dict[str, Obj] = doc["data"]["claims"]
-        return claims
+        return self.plugin.checkpoint_claims()
 
     def gpu_uuid(self, index: int) -> str:
         with open_nvml("fake", self.nvml_config) as nvml:

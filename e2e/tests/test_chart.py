@@ -857,7 +857,10 @@ def test_installed_rbac_allows_exactly_the_calls_of_the_services(
             {"group": res, "resource": "resourceslices", "verb": v}
             for v in ("list", "watch", "create", "update", "delete")
         ),
-        {"group": res, "resource": "resourceclaims", "verb": "get", "namespace": "team-a"},
+        *(
+            {"group": res, "resource": "resourceclaims", "verb": v, "namespace": "team-a"}
+            for v in ("get", "list", "watch")
+        ),
         *({"group": core, "resource": "nodes", "verb": v} for v in ("list", "watch", "patch")),
         *(
             {
@@ -873,8 +876,8 @@ def test_installed_rbac_allows_exactly_the_calls_of_the_services(
     ]
     deny = [
         {"group": res, "resource": "resourceslices", "verb": "deletecollection"},
-        {"group": res, "resource": "resourceclaims", "verb": "list", "namespace": "team-a"},
         {"group": res, "resource": "resourceclaims", "verb": "update", "namespace": "team-a"},
+        {"group": res, "resource": "resourceclaims", "verb": "delete", "namespace": "team-a"},
         {"group": res, "resource": "deviceclasses", "verb": "create"},
         {"group": core, "resource": "nodes", "verb": "delete"},
         {"group": core, "resource": "nodes", "verb": "update"},

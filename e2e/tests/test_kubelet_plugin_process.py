@@ -4,7 +4,6 @@ outside the node's files) followed by a restart — no claim lost, none prepared
 
 from __future__ import annotations
 
-import json
 import random
 import threading
 from collections.abc import Iterator
@@ -110,9 +109,8 @@ def test_kill_9_in_the_middle_of_a_prepare_loop_loses_nothing(
             plugin.kill9()
             stop.set()
             loop.join(10)
-            state = json.loads((short_dir / "state" / "kubelet-plugin.json").read_text())
             interrupted += sum(
-                r["state"] != "PrepareCompleted" for r in state["data"]["claims"].values()
+                r["state"] != "PrepareCompleted" for r in plugin.checkpoint_claims().values()
             )
         print(f"kills that landed mid-prepare: {interrupted}; acknowledged: {len(acked)}")
         assert interrupted > 0, "no kill landed in the middle of a prepare"
@@ -124,8 +122,7 @@ def test_kill_9_in_the_middle_of_a_prepare_loop_loses_nothing(
             assert all(a.error == "" for a in final.values()), final
             for uid, answer in acked.items():  # nothing acknowledged was lost or changed
                 assert final[uid] == answer
-            state = json.loads((short_dir / "state" / "kubelet-plugin.json").read_text())
-            records = state["data"]["claims"]
+            records = plugin.checkpoint_claims()
             uids = {c[2] for c in refs}
             assert set(records) == uids
             assert {r["state"] for r in records.values()} == {"PrepareCompleted"}

@@ -5,7 +5,6 @@ slices that vanish, XID taints and their recovery, kill -9 in the middle of a pr
 
 from __future__ import annotations
 
-import json
 import queue
 import random
 import threading
@@ -223,9 +222,8 @@ def test_kill_9_in_the_middle_of_a_prepare_loop_then_restart(
             victim.plugin.kill9()
             stop.set()
             loop.join(15)
-            doc = json.loads(victim.plugin.checkpoint.read_text())
             interrupted += sum(
-                r["state"] != "PrepareCompleted" for r in doc["data"]["claims"].values()
+                r["state"] != "PrepareCompleted" for r in victim.plugin.checkpoint_claims().values()
             )
             victim.plugin.start()
         client = DraClient(victim.plugin.sockets.dra)

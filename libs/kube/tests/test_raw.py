@@ -25,7 +25,8 @@ SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 
 
 def obj(name: str, rv: str) -> dict[str, Any]:
-    return {"metadata": {"name": name, "resourceVersion": rv}, "spec": {"driver": "d"}}
+    meta = {"name": name, "uid": f"uid-{name}", "resourceVersion": rv}
+    return {"metadata": meta, "spec": {"driver": "d"}}
 
 
 def status(code: int, reason: str, message: str) -> dict[str, Any]:
@@ -142,7 +143,9 @@ def test_reflector_relists_after_expiry_and_reports_missed_deletes(
     assert seen == [("ADDED", "a"), ("ADDED", "b"), ("MODIFIED", "a"), ("DELETED", "b")]
     assert set(reflector.cache) == {"a"}
     if keep is metadata_only:
-        assert reflector.cache["a"] == {"metadata": {"name": "a", "resourceVersion": "3"}}
+        assert reflector.cache["a"] == {
+            "metadata": {"name": "a", "uid": "uid-a", "resourceVersion": "3"}
+        }
     else:
         assert reflector.cache["a"] == obj("a", "3")
     assert not reflector._thread or not reflector._thread.is_alive(), "stop() must end the thread"

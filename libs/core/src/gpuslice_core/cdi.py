@@ -49,7 +49,6 @@ from gpuslice_core.errors import (
 )
 from gpuslice_core.files import (
     atomic_write_bytes,
-    fsync_dir,
     temp_files_for,
 )
 from gpuslice_core.strict import describe_errors
@@ -354,7 +353,8 @@ class ClaimSpecs:
         self.root.mkdir(parents=True, exist_ok=True)
         for leftover in temp_files_for(path):  # from a writer killed mid-write
             leftover.unlink(missing_ok=True)
-        atomic_write_bytes(path, spec.to_json().encode("utf-8"), mode=0o644)
+        # atomic, not fsynced: a claim's spec lives as long as the boot (docs/cdi.md)
+        atomic_write_bytes(path, spec.to_json().encode("utf-8"), mode=0o644, durable=False)
         return [self.qualified_id(d.name) for d in spec.devices]
 
     def delete(self, claim_uid: str) -> bool:
@@ -363,7 +363,6 @@ class ClaimSpecs:
             self.spec_path(claim_uid).unlink()
         except FileNotFoundError:
             return False
-        fsync_dir(self.root)
         return True
 
     def claim_uids(self) -> list[str]:

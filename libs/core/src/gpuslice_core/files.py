@@ -27,11 +27,15 @@ def temp_files_for(path: Path) -> list[Path]:
     return sorted(path.parent.glob(f".{path.name}.*{TEMP_SUFFIX}"))
 
 
-def atomic_write_bytes(path: Path, data: bytes, *, mode: int = 0o600) -> None:
+def atomic_write_bytes(path: Path, data: bytes, *, mode: int = 0o600, durable: bool = True) -> None:
     """Replace ``path`` with ``data`` so that readers see the old or new content, never a mix.
 
     Temp file in the same directory -> write -> flush -> fsync -> ``os.replace`` -> fsync the
     directory. On any failure the temp file is removed and ``path`` is unchanged.
+
+    ``durable=False`` leaves out both fsyncs: the replace is still atomic for every reader and
+    survives the writer's kill -9 (the page cache holds it), but not a kernel crash or power
+    loss. Only for files whose content dies with the boot anyway (CDI specs of prepared claims).
     """
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
     tmp = Path(tmp_name)
@@ -40,9 +44,11 @@ def atomic_write_bytes(path: Path, data: bytes, *, mode: int = 0o600) -> None:
             os.fchmod(fh.fileno(), mode)
             fh.write(data)
             fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                os.fsync(fh.fileno())
         tmp.replace(path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)

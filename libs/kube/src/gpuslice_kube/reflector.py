@@ -24,7 +24,8 @@ Handler = Callable[[str, Obj], None]
 def metadata_only(obj: Obj) -> Obj:
     """What a cache needs to diff a relist: the object's identity and resourceVersion."""
     meta = obj.get("metadata") or {}
-    return {"metadata": {k: meta[k] for k in ("name", "namespace", "resourceVersion") if k in meta}}
+    kept = ("name", "namespace", "uid", "resourceVersion")
+    return {"metadata": {k: meta[k] for k in kept if k in meta}}
 
 
 def object_key(obj: Obj) -> str:

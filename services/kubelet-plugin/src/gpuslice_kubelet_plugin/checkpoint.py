@@ -1,14 +1,18 @@
 """The plugin's node state on disk: prepared claims, and which plugin instance is working on one.
 
-The checkpoint (``<state-dir>/kubelet-plugin.json``, ``gpuslice_core.checkpoint``: atomic,
-checksummed, boot-id aware) is the source of truth for what is prepared. Schema version 1:
+The checkpoint (``<state-dir>/kubelet-plugin.json`` and its journal ``kubelet-plugin.json.journal``,
+``gpuslice_core.journal``: atomic, checksummed, boot-id aware; a commit appends the claims it
+changed instead of rewriting every claim) is the source of truth for what is prepared.
+Schema version 2 (the data of version 1; the version says "read the journal too", so that a
+version-1 build, which would not, refuses the files instead of losing claims):
 
 - ``claims[uid]``: a ``ClaimRecord`` in state ``PrepareStarted`` (intent written before any side
   effect), ``PrepareCompleted`` (CDI spec written, share and MIG instance set up) or
   ``UnprepareStarted`` (intent to tear down), with the devices, limits and enforcement it has.
 
-Compatibility (the checkpoint is a versioned API): builds of version 1 read each other's files;
-new fields get defaults; any other change is version 2 with a migration from 1.
+Compatibility (the checkpoint is a versioned API): builds of version 2 read each other's files
+and version-1 files (migrated on the next commit); new fields get defaults; any other change is
+version 3 with a migration from 2.
 
 Instances: every running plugin process holds an flock on ``<state-dir>/instances/<id>.lock``
 for its lifetime, and records its id as the ``owner`` of the claims it is working on. A record
@@ -30,14 +34,14 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel
 
-from gpuslice_core.checkpoint import CheckpointStore
+from gpuslice_core.journal import JournaledStore, Txn
 from gpuslice_core.logging import get_logger
 
 log = get_logger(__name__)
 T = TypeVar("T")
 
 KIND = "kubelet-plugin"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 FILE_NAME = "kubelet-plugin.json"
 
 State = Literal["PrepareStarted", "PrepareCompleted", "UnprepareStarted"]
@@ -88,13 +92,23 @@ class PluginState(BaseModel):
     claims: dict[str, ClaimRecord] = {}
 
 
-def open_store(state_dir: Path, *, boot_id: str | None = None) -> CheckpointStore[PluginState]:
-    return CheckpointStore(
+def _from_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """Version 1 is version 2 without a journal: the data is the same."""
+    return data
+
+
+def open_store(
+    state_dir: Path, *, boot_id: str | None = None, compact_lines: int = 1024
+) -> JournaledStore[PluginState]:
+    return JournaledStore(
         state_dir / FILE_NAME,
         kind=KIND,
         model=PluginState,
         schema_version=SCHEMA_VERSION,
+        records="claims",
+        migrations={1: _from_v1},
         boot_id=boot_id,
+        compact_lines=compact_lines,
     )
 
 
@@ -142,23 +156,23 @@ class InstanceLock:
 
 
 class Committer:
-    """Group commit: concurrent changes to the checkpoint share one locked read-modify-write.
+    """Group commit: concurrent changes to the checkpoint share one locked transaction.
 
-    ``run(fn)`` queues ``fn(state)``; whichever caller finds no write in progress becomes the
-    writer, applies every queued ``fn`` in order inside one ``transaction()`` and writes once.
-    With 100 claims prepared at once this turns 200 fsynced writes into a handful. ``fn`` must
-    check before it mutates: when it raises, its caller gets the error and the state it left
-    is still written for the others, so it must not have changed anything by then.
+    ``run(fn)`` queues ``fn(txn)``; whichever caller finds no write in progress becomes the
+    writer, applies every queued ``fn`` in order inside one ``transaction()`` and appends once
+    (one journal line, one fdatasync). ``fn`` reads ``txn.state`` and changes claims only with
+    ``txn.put``/``txn.delete`` (records are shared with readers' snapshots: put a copy, never
+    change one in place). ``fn`` must check before it changes anything: when it raises, its
+    caller gets the error and the changes of the others are still written.
     """
 
-    def __init__(self, store: CheckpointStore[PluginState]) -> None:
+    def __init__(self, store: JournaledStore[PluginState]) -> None:
         self.store = store
         self._lock = threading.Lock()
-        self._queue: list[tuple[Callable[[PluginState], Any], Future[Any]]] = []
+        self._queue: list[tuple[Callable[[Txn[PluginState]], Any], Future[Any]]] = []
         self._writing = False
-        self._cached: tuple[tuple[int, int, int], PluginState] | None = None
 
-    def run(self, fn: Callable[[PluginState], T]) -> T:
+    def run(self, fn: Callable[[Txn[PluginState]], T]) -> T:
         future: Future[T] = Future()
         with self._lock:
             self._queue.append((fn, future))
@@ -168,28 +182,13 @@ class Committer:
             self._write_all()
         return future.result()
 
-    def _identity(self) -> tuple[int, int, int] | None:
-        try:
-            st = self.store.path.stat()
-        except FileNotFoundError:
-            return None
-        return st.st_ino, st.st_mtime_ns, st.st_size
-
     def read(self) -> PluginState:
-        """The committed state, READ-ONLY (no lock: atomic replace makes plain reads safe).
+        """The committed state, READ-ONLY (no lock: every commit publishes a new snapshot).
 
-        Cached by the file's identity (inode, mtime, size; every write is a new inode), so a
-        read costs a ``stat`` unless the file changed — also when another instance wrote it.
+        Costs two ``stat`` calls unless the files changed — also when another instance wrote
+        them, which makes the next read load them again.
         """
-        key = self._identity()
-        with self._lock:
-            if key is not None and self._cached is not None and self._cached[0] == key:
-                return self._cached[1]
-        state = self.store.load().state
-        if key is not None:
-            with self._lock:
-                self._cached = (key, state)
-        return state
+        return self.store.read()
 
     def _write_all(self) -> None:
         while True:
@@ -200,20 +199,16 @@ class Committer:
                     return
             results: list[tuple[Future[Any], Any, BaseException | None]] = []
             try:
-                with self.store.transaction() as state:
+                with self.store.transaction() as txn:
                     for fn, future in batch:
                         try:
-                            results.append((future, fn(state), None))
+                            results.append((future, fn(txn), None))
                         except Exception as exc:
                             results.append((future, None, exc))
             except Exception as exc:  # the write itself failed: nobody's change is durable
                 for _fn, future in batch:
                     future.set_exception(exc)
                 continue
-            key = self._identity()  # what was just written is the committed state
-            if key is not None:
-                with self._lock:
-                    self._cached = (key, state)
             for future, value, error in results:
                 if error is not None:
                     future.set_exception(error)

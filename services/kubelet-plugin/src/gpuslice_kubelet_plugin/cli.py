@@ -127,6 +127,14 @@ def build_parser() -> EnvArgumentParser:
         default=60.0,
         help="Seconds between checks for prepared claims that no longer exist in the API.",
     )
+    p.add_bool_flag(
+        "--claim-cache",
+        env="CLAIM_CACHE",
+        default=True,
+        help="Keep the claims allocated to this node in a watch-fed cache, so prepare does not "
+        "read each claim from the API (needs list and watch on resourceclaims; falls back to "
+        "a read on a miss).",
+    )
     f(
         "--rescan-interval",
         env="RESCAN_INTERVAL",
@@ -190,6 +198,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         health_check_interval=args.health_check_interval,
         ignored_xids=args.ignored_xids,
         gc_interval=args.gc_interval,
+        claim_cache=args.claim_cache,
         rescan_interval=args.rescan_interval,
         driver_root=args.driver_root,
         nvidia_cdi_kind=args.nvidia_cdi_kind,

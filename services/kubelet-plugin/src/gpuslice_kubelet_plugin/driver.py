@@ -21,6 +21,7 @@ from gpuslice_core.metrics import serve
 from gpuslice_kube.raw import Obj, RawApi
 from gpuslice_kubelet_plugin.cdispecs import CdiWriter
 from gpuslice_kubelet_plugin.checkpoint import Committer, InstanceLock, open_store
+from gpuslice_kubelet_plugin.claimcache import ClaimCache
 from gpuslice_kubelet_plugin.claims import ClaimRef
 from gpuslice_kubelet_plugin.discovery import DRIVER, Inventory, discover
 from gpuslice_kubelet_plugin.enforcer import Enforcer, GpuEnforcement, GrpcEnforcer, NoEnforcer
@@ -65,6 +66,7 @@ class Settings:
     nvidia_cdi_kind: str = ""
     shutdown_grace: float = 10.0
     workers: int = 16
+    claim_cache: bool = True  # prepare reads claims from a watch-fed cache when it can
     orphan_grace: float = 30.0  # age before a CDI spec without a record is removed
     boot_id: str | None = None  # tests only
 
@@ -172,6 +174,9 @@ class Driver:
                 kept_at=str(loaded.stale_path),
             )
         self.rescan()
+        self.claims = ClaimCache(self.api, driver=DRIVER, pool=s.node_name)
+        if s.claim_cache:
+            self.claims.start()
         if s.dynamic_mig and not s.mig_manager_socket:
             log.warning("--dynamic-mig without --mig-manager-socket: MIG claims will fail")
         self.state = DeviceState(
@@ -181,6 +186,8 @@ class Driver:
             instance=self.instance,
             inventory=lambda: self.inventory,
             read_claim=self.read_claim,
+            cached_claim=self.claims.get,
+            unprepared=self.claims.unprepared,
             cdi=CdiWriter(
                 ClaimSpecs(s.cdi_root), dev_root=s.driver_root, nvidia_cdi_kind=s.nvidia_cdi_kind
             ),
@@ -235,6 +242,7 @@ class Driver:
             enforcer=self.enforcer.present,
             dynamic_mig=s.dynamic_mig,
             instance=self.instance.id,
+            claim_cache=self.claims.enabled,
         )
 
     def _health_changed(self) -> None:
@@ -251,6 +259,7 @@ class Driver:
         self.collector.stop()
         self.health.stop()
         self.publisher.stop()
+        self.claims.stop()
         self.state.close()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()

@@ -29,6 +29,7 @@ from typing import TypeVar
 import structlog
 
 from gpuslice_core.errors import GpusliceError
+from gpuslice_core.journal import Txn
 from gpuslice_core.logging import get_logger
 from gpuslice_kube.errors import KubeNotFoundError
 from gpuslice_kube.raw import Obj
@@ -88,6 +89,8 @@ class DeviceState:
         inventory: Callable[[], Inventory],
         read_claim: Callable[[ClaimRef], Obj],
         cdi: CdiWriter,
+        cached_claim: Callable[[ClaimRef], Obj | None] = lambda _ref: None,
+        unprepared: Callable[[str], None] = lambda _uid: None,
         enforcer: Enforcer,
         mig: MigManager,
         metrics: PluginMetrics,
@@ -101,6 +104,8 @@ class DeviceState:
         self.instance = instance
         self.inventory = inventory
         self.read_claim = read_claim
+        self.cached_claim = cached_claim
+        self.unprepared = unprepared
         self.cdi = cdi
         self.enforcer = enforcer
         self.mig = mig
@@ -160,9 +165,8 @@ class DeviceState:
             log.debug("already prepared")
             return answer(committed)  # idempotent: no API read, no side effect
         start = time.perf_counter()
-        claim = parse_claim(self._read(ref), ref, driver=self.driver, pool=self.pool)
+        plan, source = self._plan(ref)
         read = time.perf_counter()
-        plan = make_plan(claim, self.inventory(), self.pool)
         with self._lock(ref.uid):
             external = plan.dynamic_mig or (plan.share is not None and self.enforcer.present)
             if external or ref.uid in self.committer.read().claims:
@@ -174,10 +178,24 @@ class DeviceState:
             "prepared",
             devices=[d.device for d in finished.devices],
             enforcement=finished.enforcement,
+            claim_source=source,
             api_read_ms=round((read - start) * 1000, 3),
             local_ms=round((done - read) * 1000, 3),
         )
         return answer(finished)
+
+    def _plan(self, ref: ClaimRef) -> tuple[Plan, str]:
+        """Plan from the claim cache when it holds the claim the kubelet names; any problem
+        with the cached copy (it may lag behind the API) is settled by reading the API."""
+        cached = self.cached_claim(ref)
+        if cached is not None:
+            try:
+                claim = parse_claim(cached, ref, driver=self.driver, pool=self.pool)
+                return make_plan(claim, self.inventory(), self.pool), "cache"
+            except ClaimError as exc:
+                log.debug("cached claim not usable; reading the API", reason=exc.reason)
+        claim = parse_claim(self._read(ref), ref, driver=self.driver, pool=self.pool)
+        return make_plan(claim, self.inventory(), self.pool), "api"
 
     def _prepare_with_intent(self, plan: Plan) -> ClaimRecord:
         """Side effects outside this node's files (enforcer share, MIG instance): the intent is
@@ -231,7 +249,7 @@ class DeviceState:
 
     def _begin(
         self,
-        state: PluginState,
+        txn: Txn[PluginState],
         plan: Plan,
         *,
         drop: bool = False,
@@ -239,6 +257,7 @@ class DeviceState:
     ) -> tuple[str, ClaimRecord]:
         """("done", record) | ("leftover", record to tear down first) | ("started", intent).
         With ``done`` (side effects already applied) the record is committed completed."""
+        state = txn.state
         existing = state.claims.get(plan.uid)
         if existing is not None:
             if existing.state == "PrepareCompleted":
@@ -253,9 +272,9 @@ class DeviceState:
                 return "leftover", existing.model_copy(deep=True)
         check_overlap(plan, state)
         if done is not None:
-            return "done", self._finish(state, done)
+            return "done", self._finish(txn, done)
         record = self._record(plan)
-        state.claims[plan.uid] = record
+        txn.put(plan.uid, record)
         return "started", record.model_copy(deep=True)
 
     def _apply(self, record: ClaimRecord, plan: Plan) -> None:
@@ -287,11 +306,11 @@ class DeviceState:
         for device in record.devices:
             device.cdi_device_ids = ids[self.cdi.device_name(record.uid, device)]
 
-    def _finish(self, state: PluginState, record: ClaimRecord) -> ClaimRecord:
+    def _finish(self, txn: Txn[PluginState], record: ClaimRecord) -> ClaimRecord:
         record.state = "PrepareCompleted"
         record.updated = time.time()
-        state.claims[record.uid] = record
-        self._refresh_gauges(state)
+        txn.put(record.uid, record)
+        self._refresh_gauges(txn.state)
         return record.model_copy(deep=True)
 
     def _abort(self, record: ClaimRecord) -> None:
@@ -300,7 +319,7 @@ class DeviceState:
         except Exception as exc:  # the record stays; the next attempt tears down again
             log.warning("rollback of a failed prepare failed", error=str(exc))
             return
-        self.committer.run(lambda s: s.claims.pop(record.uid, None))
+        self.committer.run(lambda txn: txn.delete(record.uid))
 
     # ---- teardown --------------------------------------------------------------------------
     def _teardown(self, record: ClaimRecord) -> None:
@@ -346,12 +365,14 @@ class DeviceState:
                 return
             self._teardown(record)
             self.committer.run(lambda s: self._drop(s, uid))
+        self.unprepared(uid)
         log.info("unprepared", devices=[d.device for d in record.devices])
 
-    def _begin_unprepare(self, state: PluginState, uid: str) -> ClaimRecord | None:
-        record = state.claims.get(uid)
-        if record is None:
+    def _begin_unprepare(self, txn: Txn[PluginState], uid: str) -> ClaimRecord | None:
+        committed = txn.state.claims.get(uid)
+        if committed is None:
             return None
+        record = committed.model_copy(deep=True)  # readers' snapshots share the committed one
         if record.state != "PrepareCompleted" and not self._leftover(record):
             raise ClaimError(
                 "InProgress",
@@ -361,11 +382,12 @@ class DeviceState:
         record.state = "UnprepareStarted"
         record.owner = self.instance.id
         record.updated = time.time()
+        txn.put(uid, record)
         return record.model_copy(deep=True)
 
-    def _drop(self, state: PluginState, uid: str) -> None:
-        state.claims.pop(uid, None)
-        self._refresh_gauges(state)
+    def _drop(self, txn: Txn[PluginState], uid: str) -> None:
+        txn.delete(uid)
+        self._refresh_gauges(txn.state)
 
     # ---- recovery --------------------------------------------------------------------------
     def completed(self) -> list[ClaimRecord]:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 from gpuslice_core.testing import ServiceProcess
+from gpuslice_kubelet_plugin.checkpoint import open_store
 from gpuslice_kubelet_plugin.discovery import DRIVER
 from gpuslice_kubelet_plugin.server import Sockets, probe
 
@@ -69,7 +71,13 @@ class PluginProcess(ServiceProcess):
 
     @property
     def checkpoint(self) -> Path:
+        """The checkpoint's base file (commits go to its journal, ``<base>.journal``)."""
         return self.state_dir / "kubelet-plugin.json"
+
+    def checkpoint_claims(self) -> dict[str, dict[str, Any]]:
+        """The committed claim records (base and journal, as the plugin reads them), as JSON."""
+        state = open_store(self.state_dir).load().state
+        return {uid: r.model_dump(mode="json") for uid, r in state.claims.items()}
 
     def start(self, timeout: float = 60.0) -> PluginProcess:
         """Start and wait until both sockets answer end to end (the probe passes)."""
