@@ -304,7 +304,9 @@ def test_components_and_options_can_be_switched(helm_bin: Path) -> None:
     assert plugin["args"] == ["--metrics-addr="]
     assert not {"ENFORCER_SOCKET", "MIG_MANAGER_SOCKET", "METRICS_ADDR"} & env_of(plugin).keys()
     assert env_of(plugin)["DYNAMIC_MIG"] == "false"
-    assert not find(off, "Role") and not find(off, "Service")
+    # without the MIG manager only the Events Role (the kubelet plugin's refusal) is left
+    assert [r["metadata"]["name"] for r in find(off, "Role")] == ["gpuslice-node-gpuslice-events"]
+    assert not find(off, "Service")
     assert [p["metadata"]["name"] for p in find(off, "ValidatingAdmissionPolicy")] == [
         "gpuslice-node-resourceslices"
     ]
@@ -861,7 +863,10 @@ def test_installed_rbac_allows_exactly_the_calls_of_the_services(
             {"group": res, "resource": "resourceclaims", "verb": v, "namespace": "team-a"}
             for v in ("get", "list", "watch")
         ),
-        *({"group": core, "resource": "nodes", "verb": v} for v in ("list", "watch", "patch")),
+        *(
+            {"group": core, "resource": "nodes", "verb": v}
+            for v in ("get", "list", "watch", "patch")
+        ),
         *(
             {
                 "group": core,

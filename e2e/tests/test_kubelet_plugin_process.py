@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from e2e.sandbox.controlplane import ControlPlane
-from e2e.sandbox.gpunode import delete_node_slices
-from e2e.sandbox.nodeagent.testing import wait_for
+from e2e.sandbox.gpunode import delete_node_slices, node_slices
+from e2e.sandbox.nodeagent.testing import wait_event, wait_for
 from e2e.tests.test_kubelet_plugin_support import ClaimMaker
-from gpuslice_kube.raw import RawApi
+from gpuslice_core.testing import ServiceExitedError
+from gpuslice_kube.raw import Obj, RawApi, resource_path
 from gpuslice_kubelet_plugin.testing.dra import (
     ClaimAnswer,
     ClaimTuple,
@@ -75,6 +76,42 @@ def test_sigterm_stops_cleanly(processes: Processes) -> None:
     assert not plugin.sockets.registration.exists()
     assert not plugin.sockets.dra.exists()
     assert "kubelet plugin stopped" in plugin.log.read_text()
+
+
+@pytest.mark.timeout(90)
+def test_a_device_plugin_node_refuses_the_kubelet_plugin(
+    processes: Processes, kube: RawApi, node_name: str
+) -> None:
+    nodes = resource_path("v1", "nodes")
+    labelled: Obj = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": node_name, "labels": {"gpuslice.dev/mode": "device-plugin"}},
+    }
+    kube.create(nodes, labelled)
+    try:
+        with pytest.raises(ServiceExitedError, match="exited with 3"):
+            processes.start()
+        event = wait_event(kube, "default", node_name, "KubeletPluginRefused")
+        assert event["type"] == "Warning"
+        assert event["involvedObject"]["kind"] == "Node"
+        assert f"node {node_name} is labelled gpuslice.dev/mode=device-plugin" in event["message"]
+        assert node_slices(kube, node_name) == []  # refused before publishing anything
+
+        # no label, but a device plugin's GPUs in the capacity (NVIDIA's, say)
+        node = resource_path("v1", "nodes", name=node_name)
+        kube.patch(node, {"metadata": {"labels": {"gpuslice.dev/mode": None}}})
+        status = {"status": {"capacity": {"nvidia.com/gpu": "8"}}}
+        kube.patch(f"{node}/status", status)
+        with pytest.raises(ServiceExitedError, match="exited with 3"):
+            processes.start()
+        assert "has nvidia.com/gpu=8 in its capacity" in processes.started[-1].tail()
+
+        # the device plugin is gone for good: the kubelet reports 0, and the plugin starts
+        kube.patch(f"{node}/status", {"status": {"capacity": {"nvidia.com/gpu": "0"}}})
+        processes.start()
+    finally:
+        kube.delete(resource_path("v1", "nodes", name=node_name))
 
 
 @pytest.mark.timeout(90)

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from gpuslice_api.nodemode import EXIT_REFUSED
 from gpuslice_core.cli import EnvArgumentParser, parse_bool
 from gpuslice_core.errors import GpusliceError
 from gpuslice_core.grpcserver import check_health
@@ -37,8 +38,6 @@ from gpuslice_nvml.health import add_health_arguments
 PROG = "gpuslice-device-plugin"
 DEFAULT_DIR = "/var/lib/kubelet/device-plugins"
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
-#: Exit status of a refusal by the per-node mode check (2: bad configuration, 1: failure).
-EXIT_REFUSED = 3
 log = get_logger(__name__)
 
 

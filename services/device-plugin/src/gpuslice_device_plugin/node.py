@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpuslice_api.nodemode import MODE_DEVICE_PLUGIN, MODE_LABEL
 from gpuslice_core.logging import get_logger
 from gpuslice_device_plugin.devices import Resource
 from gpuslice_device_plugin.mps import ReplicaShare
@@ -41,8 +42,6 @@ from gpuslice_kube.raw import Obj, RawApi, resource_path
 
 log = get_logger(__name__)
 
-MODE_LABEL = "gpuslice.dev/mode"
-MODE_DEVICE_PLUGIN = "device-plugin"
 DRA_DRIVER = "gpu.gpuslice.dev"
 SHARING_LABEL_PREFIX = "sharing.gpuslice.dev/"
 SHARING_ANNOTATION = "gpuslice.dev/device-plugin-sharing"

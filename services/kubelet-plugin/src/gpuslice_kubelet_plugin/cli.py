@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from gpuslice_api.nodemode import EXIT_REFUSED
 from gpuslice_core import logging as gslog
 from gpuslice_core.cli import EnvArgumentParser, positive_seconds
 from gpuslice_core.errors import GpusliceError
@@ -24,6 +25,7 @@ from gpuslice_kube.raw import RawApi
 from gpuslice_kubelet_plugin import __version__
 from gpuslice_kubelet_plugin.discovery import DRIVER
 from gpuslice_kubelet_plugin.driver import Driver, Settings
+from gpuslice_kubelet_plugin.nodemode import NodeRefusedError
 from gpuslice_kubelet_plugin.server import probe
 from gpuslice_nvml import add_nvml_arguments, nvml_from_args
 from gpuslice_nvml.health import add_health_arguments
@@ -128,6 +130,14 @@ def build_parser() -> EnvArgumentParser:
         help="Seconds between checks for prepared claims that no longer exist in the API.",
     )
     p.add_bool_flag(
+        "--mode-check",
+        env="MODE_CHECK",
+        default=True,
+        help="Refuse to start (exit 3, a Warning Event KubeletPluginRefused on the Node) on a "
+        "node labelled gpuslice.dev/mode=device-plugin or whose capacity shows GPUs served by a "
+        "device plugin: a GPU must not be served by both.",
+    )
+    p.add_bool_flag(
         "--claim-cache",
         env="CLAIM_CACHE",
         default=True,
@@ -199,6 +209,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         ignored_xids=args.ignored_xids,
         gc_interval=args.gc_interval,
         claim_cache=args.claim_cache,
+        mode_check=args.mode_check,
         rescan_interval=args.rescan_interval,
         driver_root=args.driver_root,
         nvidia_cdi_kind=args.nvidia_cdi_kind,
@@ -238,6 +249,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         raw = RawApi(api_client)
         driver = Driver(settings, nvml, raw)
         driver.start()
+    except NodeRefusedError as exc:
+        print(f"{PROG}: refusing to start: {exc}", file=sys.stderr)
+        nvml.close()
+        return EXIT_REFUSED
     except GpusliceError as exc:
         log.error("start-up failed", error=str(exc))
         nvml.close()

@@ -30,6 +30,7 @@ from gpuslice_kubelet_plugin.health import HealthMonitor
 from gpuslice_kubelet_plugin.kubeapi import ResourceApi, detect
 from gpuslice_kubelet_plugin.metrics import PluginMetrics
 from gpuslice_kubelet_plugin.migclient import GrpcMigManager, MigManager, NoMigManager
+from gpuslice_kubelet_plugin.nodemode import check_node_mode
 from gpuslice_kubelet_plugin.server import PluginServer, Sockets
 from gpuslice_kubelet_plugin.servicer import HealthStreamServicer
 from gpuslice_kubelet_plugin.slices import PoolContent, SlicePublisher, device_with_taints
@@ -67,6 +68,7 @@ class Settings:
     shutdown_grace: float = 10.0
     workers: int = 16
     claim_cache: bool = True  # prepare reads claims from a watch-fed cache when it can
+    mode_check: bool = True  # refuse a node whose GPUs a device plugin serves
     orphan_grace: float = 30.0  # age before a CDI spec without a record is removed
     boot_id: str | None = None  # tests only
 
@@ -164,6 +166,8 @@ class Driver:
     def start(self) -> None:
         s = self.settings
         self.api = ResourceApi(self.raw, detect(self.raw))
+        if s.mode_check:
+            check_node_mode(self.raw, s.node_name)
         s.state_dir.mkdir(parents=True, exist_ok=True)
         self.instance = InstanceLock(s.state_dir)
         store = open_store(s.state_dir, boot_id=s.boot_id)

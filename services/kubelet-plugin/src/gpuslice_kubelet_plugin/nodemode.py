@@ -1,0 +1,52 @@
+"""The kubelet plugin's side of the per-node mode check (``gpuslice_api.nodemode``).
+
+Before it publishes a slice or opens a socket, the plugin reads its Node and refuses a node
+whose GPUs the device plugin serves: a log line, a Warning Event ``KubeletPluginRefused`` on the
+Node, and :class:`NodeRefusedError` (the command exits 3; the kubelet's restart back-off checks
+again). A Node that does not exist, or that the plugin may not read, is not refused: the check
+is logged as skipped, since without the Node there is nothing that says the device plugin is
+there.
+"""
+
+from __future__ import annotations
+
+from gpuslice_api.nodemode import kubelet_plugin_refusal
+from gpuslice_core.errors import FailedPreconditionError
+from gpuslice_core.logging import get_logger
+from gpuslice_kube.errors import KubeForbiddenError, KubeNotFoundError
+from gpuslice_kube.events import node_event
+from gpuslice_kube.raw import RawApi, resource_path
+
+log = get_logger(__name__)
+
+REFUSED_REASON = "KubeletPluginRefused"
+COMPONENT = "gpuslice-kubelet-plugin"
+
+
+class NodeRefusedError(FailedPreconditionError):
+    """This node's GPUs are served by the device plugin."""
+
+
+def check_node_mode(raw: RawApi, node_name: str) -> None:
+    """Raise :class:`NodeRefusedError` (after the log line and the Event) on a device-plugin
+    node; return on a DRA node."""
+    try:
+        node = raw.get(resource_path("v1", "nodes", name=node_name))
+    except (KubeNotFoundError, KubeForbiddenError) as exc:
+        log.warning("per-node mode not checked: cannot read the Node", error=str(exc))
+        return
+    reason = kubelet_plugin_refusal(node)
+    if reason is None:
+        return
+    log.error("refusing to start: this node is in device-plugin mode", reason=reason)
+    uid = str((node.get("metadata") or {}).get("uid") or "")
+    node_event(
+        raw,
+        node_name,
+        uid,
+        type_="Warning",
+        reason=REFUSED_REASON,
+        message=reason,
+        component=COMPONENT,
+    )
+    raise NodeRefusedError(reason)
