@@ -24,7 +24,9 @@ restarted watchdog thaws whatever its predecessor left frozen that it does not w
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import select
 import signal
 import threading
 import time
@@ -84,6 +86,61 @@ class _Owned:
     target: Path | None
 
 
+class LiveProcesses:
+    """Which of the processes seen before have exited, with one ``poll`` per sample.
+
+    A pidfd (``pidfd_open``, Linux 5.3+) refers to one process for as long as it is open, and
+    polls readable once that process exited, so a process tracked here is the same one until
+    :meth:`exited` names its pid: no ``/proc`` read per process per sample. Where pidfds are not
+    available (old kernels, seccomp), ``track`` returns False and the caller reads the start
+    time each sample instead.
+    """
+
+    def __init__(self) -> None:
+        self._fds: dict[int, int] = {}  # pid -> pidfd
+        self._pids: dict[int, int] = {}  # pidfd -> pid
+        self._poll = select.poll()
+        self._available = hasattr(os, "pidfd_open")
+
+    def tracking(self, pid: int) -> bool:
+        return pid in self._fds
+
+    def track(self, pid: int) -> bool:
+        """Hold a pidfd for ``pid``; False if it cannot (gone, or no pidfds here)."""
+        if pid in self._fds:
+            return True
+        if not self._available:
+            return False
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSYS, errno.EPERM):
+                self._available = False
+            return False
+        self._fds[pid], self._pids[fd] = fd, pid
+        self._poll.register(fd, select.POLLIN)
+        return True
+
+    def exited(self) -> list[int]:
+        """Pids of tracked processes that exited since the last call (and are forgotten)."""
+        gone = [self._pids[fd] for fd, _ in self._poll.poll(0) if fd in self._pids]
+        for pid in gone:
+            self.forget(pid)
+        return gone
+
+    def forget(self, pid: int) -> None:
+        fd = self._fds.pop(pid, None)
+        if fd is None:
+            return
+        del self._pids[fd]
+        self._poll.unregister(fd)
+        os.close(fd)
+
+    def close(self) -> None:
+        for pid in list(self._fds):
+            self.forget(pid)
+
+
 def pod_markers(pods: list[PodRef]) -> list[str]:
     """How kubelets write a pod UID into cgroup paths (cgroupfs and systemd drivers)."""
     markers = []
@@ -118,6 +175,7 @@ class Watchdog:
         self._runtime: dict[str, _Runtime] = {}
         #: pid -> (start time, shares generation, owning claim UID, freeze target)
         self._owners: dict[int, tuple[int, int, str | None, Path | None]] = {}
+        self._live = LiveProcesses()
         self._last_sample: dict[int, float] = {}
         self._last_ts: dict[int, int] = {}
         self._killed: dict[tuple[int, int], float] = {}
@@ -140,6 +198,7 @@ class Watchdog:
         with self._lock:
             for runtime in self._runtime.values():
                 self._apply(runtime, frozen=False)
+            self._live.close()
 
     def _run(self) -> None:
         structlog.contextvars.bind_contextvars(thread="watchdog")
@@ -164,14 +223,17 @@ class Watchdog:
             for index in share.gpu_indices:
                 by_gpu.setdefault(index, []).append(share)
         with self._lock, self.metrics.sample.time():
+            for pid in self._live.exited():  # whatever is cached about them is stale
+                self._owners.pop(pid, None)
             for uid in list(self._runtime):
                 if all(s.claim_uid != uid for s in shares):
                     self._drop(uid)
             want_frozen: dict[str, bool] = {}
             dts: dict[str, float] = {}
             seen: set[int] = set()
+            by_uid = {s.claim_uid: s for s in shares}
             for gpu, gpu_shares in by_gpu.items():
-                self._sample_gpu(gpu, gpu_shares, shares, generation, want_frozen, dts, seen)
+                self._sample_gpu(gpu, gpu_shares, by_uid, generation, want_frozen, dts, seen)
             self._forget_pids(seen)
             for share in shares:
                 runtime = self._runtime.setdefault(share.claim_uid, _Runtime())
@@ -187,7 +249,7 @@ class Watchdog:
         self,
         gpu: int,
         gpu_shares: list[ShareRecord],
-        all_shares: list[ShareRecord],
+        all_shares: dict[str, ShareRecord],
         generation: int,
         want_frozen: dict[str, bool],
         dts: dict[str, float],
@@ -253,29 +315,39 @@ class Watchdog:
         """Drop what is cached about processes NVML no longer lists."""
         for pid in [p for p in self._owners if p not in seen]:
             del self._owners[pid]
+            self._live.forget(pid)
         horizon = self._clock() - 30.0
         for key in [k for k, at in self._killed.items() if at < horizon]:
             del self._killed[key]
 
     def _owner(
-        self, pid: int, shares: list[ShareRecord], generation: int
+        self, pid: int, shares: dict[str, ShareRecord], generation: int
     ) -> tuple[ShareRecord, int, Path | None] | None:
         """(share, start time, freeze target) of a process, cached per process and shares
-        generation: one read of /proc/<pid>/stat per sample when nothing changed."""
-        start = cg.start_time(pid)
-        if start is None:
-            return None
+        generation. A process the watchdog holds a pidfd for is the same process until the
+        pidfd says it exited (``LiveProcesses``), so a known process costs no system call;
+        without pidfds, one read of /proc/<pid>/stat per sample tells a reused pid apart."""
         cached = self._owners.get(pid)
-        if cached is None or cached[0] != start or cached[1] != generation:
+        if cached is None or not self._live.tracking(pid):
+            tracked = self._live.track(pid)  # before reading: the pidfd pins what is read
+            start = cg.start_time(pid)
+            if start is None:
+                self._live.forget(pid)
+                return None
+            if cached is not None and cached[0] != start:
+                cached = None  # the pid was reused
+            if not tracked:
+                self._live.forget(pid)
+        else:
+            start = cached[0]
+        if cached is None or cached[1] != generation:
             groups = self.cgroups.of_pid(pid)
-            owner = match_share(groups, shares) if groups is not None else None
+            owner = match_share(groups, list(shares.values())) if groups is not None else None
             target = self.cgroups.freeze_target(groups) if groups is not None and owner else None
             cached = (start, generation, owner.claim_uid if owner else None, target)
             self._owners[pid] = cached
         uid = cached[2]
-        if uid is None:
-            return None
-        share = next((s for s in shares if s.claim_uid == uid), None)
+        share = shares.get(uid) if uid is not None else None
         return (share, start, cached[3]) if share is not None else None
 
     def _container_targets(self, share: ShareRecord) -> set[Path]:
