@@ -86,6 +86,8 @@ class ClusterView:
     pods: dict[ClaimKey, Pod] = field(default_factory=dict)
     classes: dict[str, tuple[str, ...]] = field(default_factory=dict)
     rules: dict[str, TaintRule] = field(default_factory=dict)
+    _index: dict[DeviceKey, Device] | None = field(default=None, repr=False, compare=False)
+    """Devices by key, rebuilt on the first lookup after a slice changed (derived, not state)."""
 
     @classmethod
     def build(
@@ -112,6 +114,7 @@ class ClusterView:
         deleted = event == "DELETED"
         if kind == "ResourceSlice":
             _put(self.slices, name, None if deleted else slice_from(obj, self.driver))
+            self._index = None
         elif kind == "ResourceClaim":
             _put(self.claims, key, None if deleted else claim_from(obj))
         elif kind == "Pod":
@@ -163,7 +166,9 @@ class ClusterView:
         return out
 
     def device_of(self, key: DeviceKey) -> Device | None:
-        return next((d for d in self.devices() if d.key == key), None)
+        if self._index is None:
+            self._index = {d.key: d for d in self.devices()}
+        return self._index.get(key)
 
     def ours(self, claim: Claim) -> bool:
         """Whether a claim is on our devices or asks a DeviceClass that names our driver."""
