@@ -2,8 +2,9 @@
 
 The contracts are derived from the workspace itself, so a new service is covered the moment it
 exists: every package under services/ sits in the top layer and may import nothing of another
-service; libs sit below and may never import a service; among the libs, nvml, kube and api may
-use core, and core and the generated protos use no other gpuslice package.
+service; libs sit below and may never import a service; among the libs, view (the cluster view
+and the kubectl plugin) may use nvml, kube, api and core; nvml, kube and api may use core; core
+and the generated protos use no other gpuslice package.
 
 Usage: .venv/bin/python hack/check_imports.py   (exit status of lint-imports)
 """
@@ -18,6 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LIB_LAYERS = [
+    "gpuslice_view",
     "gpuslice_nvml | gpuslice_kube | gpuslice_api",
     "gpuslice_core | gpuslice_protos",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from kubernetes import client, config
@@ -11,9 +12,17 @@ from gpuslice_core.errors import FailedPreconditionError
 
 
 def new_api_client(
-    kubeconfig: str | Path | None = None, *, user_agent: str, pool_size: int | None = None
+    kubeconfig: str | Path | None = None,
+    *,
+    user_agent: str,
+    pool_size: int | None = None,
+    context: str | None = None,
 ) -> client.ApiClient:
     """Return an ``ApiClient`` for ``kubeconfig``, or for the pod's service account without one.
+
+    ``kubeconfig`` may list several files as ``KUBECONFIG`` does (joined by ``os.pathsep``; they
+    are merged, missing ones skipped, as kubectl does); ``context`` picks a context other than
+    the current one.
 
     ``user_agent`` names the component (``gpuslice-kubelet-plugin/0.1.0``) in API server logs and
     audit events. ``pool_size`` is how many calls may run at once on kept-alive connections
@@ -24,11 +33,17 @@ def new_api_client(
     if pool_size is not None:
         configuration.connection_pool_maxsize = pool_size
     if kubeconfig:
-        path = Path(kubeconfig)
-        if not path.is_file():
+        paths = [Path(p) for p in str(kubeconfig).split(os.pathsep) if p]
+        existing = [str(p) for p in paths if p.is_file()]
+        path = os.pathsep.join(str(p) for p in paths)
+        if not existing:
             raise FailedPreconditionError(f"--kubeconfig {path}: no such file")
         try:
-            config.load_kube_config(config_file=str(path), client_configuration=configuration)
+            config.load_kube_config(
+                config_file=os.pathsep.join(existing),
+                context=context,
+                client_configuration=configuration,
+            )
         except (ConfigException, ValueError, OSError) as exc:
             raise FailedPreconditionError(f"--kubeconfig {path} is not usable: {exc}") from exc
     else:

@@ -1,0 +1,186 @@
+"""``kubectl gpuslice``: the cluster view of gpuslice GPUs, read straight from the API server.
+
+Installed as the executable ``kubectl-gpuslice``, which kubectl runs for ``kubectl gpuslice``.
+Credentials come as kubectl's do: ``--kubeconfig``, else ``KUBECONFIG``, else
+``~/.kube/config``, else the pod's service account; ``--context`` picks a context and
+``-n``/``--namespace`` a namespace (default: the context's, else ``default``).
+
+Exit status: 0 done (also for a cordon that was already there or an uncordon of a GPU that was
+not cordoned), 1 the request failed (no such GPU, pod or claim; API errors; no DeviceTaintRule
+API), 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import config as kubeconfig_loader
+
+from gpuslice_core.errors import GpusliceError, NotFoundError
+from gpuslice_kube.client import new_api_client
+from gpuslice_kube.raw import RawApi
+from gpuslice_view import __version__, cordon, report, source
+from gpuslice_view.reasons import Reason, why_claim, why_pod
+
+
+def _common(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
+    default: Any = argparse.SUPPRESS if suppress else None
+    parser.add_argument("--kubeconfig", default=default, help="Path of the kubeconfig file.")
+    parser.add_argument("--context", default=default, help="The kubeconfig context to use.")
+    parser.add_argument("-n", "--namespace", default=default, help="The namespace to look in.")
+    parser.add_argument(
+        "-A",
+        "--all-namespaces",
+        action="store_true",
+        default=argparse.SUPPRESS if suppress else False,
+        help="Look in every namespace.",
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=("table", "wide", "json", "yaml"),
+        default=default,
+        help="Output format (default: a table).",
+    )
+
+
+def parser() -> argparse.ArgumentParser:
+    main = argparse.ArgumentParser(
+        prog="kubectl gpuslice",
+        description="gpuslice's view of the cluster's GPUs: allocations, health, cordons, and "
+        "why a claim does not get a GPU.",
+    )
+    main.add_argument("--version", action="version", version=f"kubectl-gpuslice {__version__}")
+    _common(main, suppress=False)
+    sub = main.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        _common(p, suppress=True)
+        return p
+
+    top = add("top", "Show every GPU and MIG device: cores and memory allocated, status.")
+    top.add_argument("what", choices=("gpus",), help="What to show: gpus.")
+    describe = add("describe", "Show one GPU: its taints and every claim and pod on it.")
+    describe.add_argument("what", choices=("gpu",), help="What to describe: gpu.")
+    describe.add_argument("gpu", help="A GPU or MIG UUID, <node>/<index> or <node>/<device>.")
+    add("claims", "Show the claims on gpuslice GPUs and where they are allocated.")
+    why = add("why", "Say why a pod or a claim has no GPU (or where it has one).")
+    why.add_argument("target", help="A pod or claim name; pod/<name> or claim/<name> to choose.")
+    cordon_p = add("cordon", "Take a GPU out of service with a DeviceTaintRule (NoSchedule).")
+    cordon_p.add_argument("gpu", help="A GPU or MIG UUID, <node>/<index> or <node>/<device>.")
+    cordon_p.add_argument(
+        "--evict",
+        action="store_true",
+        help="Taint NoExecute: the device-taint eviction controller evicts the pods using it.",
+    )
+    uncordon_p = add("uncordon", "Put a cordoned GPU back into service.")
+    uncordon_p.add_argument("gpu", help="A GPU or MIG UUID, <node>/<index> or <node>/<device>.")
+    return main
+
+
+def _kubeconfig(args: argparse.Namespace) -> str | None:
+    if args.kubeconfig:
+        return str(args.kubeconfig)
+    if os.environ.get("KUBECONFIG"):
+        return os.environ["KUBECONFIG"]
+    default = Path.home() / ".kube" / "config"
+    return str(default) if default.is_file() else None
+
+
+def _namespace(args: argparse.Namespace, kubeconfig: str | None) -> str:
+    if args.namespace:
+        return str(args.namespace)
+    if kubeconfig:
+        try:
+            contexts, current = kubeconfig_loader.list_kube_config_contexts(kubeconfig)
+        except Exception:  # an unreadable file fails later, with new_api_client's message
+            return "default"
+        chosen = next((c for c in contexts if c["name"] == args.context), current)
+        return str((chosen or {}).get("context", {}).get("namespace") or "default")
+    in_pod = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+    return in_pod.read_text().strip() if in_pod.is_file() else "default"
+
+
+def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
+    if args.output == "json":
+        print(json.dumps(data, indent=2))
+    elif args.output == "yaml":
+        print(yaml.safe_dump(data, sort_keys=False), end="")
+    else:
+        print(text)
+
+
+def _why(args: argparse.Namespace, raw: RawApi, namespace: str) -> None:
+    kind, _, name = args.target.rpartition("/")
+    if kind not in ("", "pod", "pods", "claim", "claims", "resourceclaim"):
+        raise NotFoundError(f"why {args.target!r}: give a pod or claim (pod/<name>, claim/<name>)")
+    view = source.load(raw, pods_namespace=namespace if kind in ("", "pod", "pods") else None)
+    pod = view.pods.get((namespace, name)) if kind in ("", "pod", "pods") else None
+    claim = view.claims.get((namespace, name)) if kind not in ("pod", "pods") else None
+    reasons: list[Reason]
+    if pod is not None:
+        reasons = why_pod(view, pod)
+        subject = {"pod": f"{namespace}/{name}", "node": pod.node, "scheduler": pod.scheduling}
+    elif claim is not None:
+        reasons = why_claim(view, claim)
+        subject = {"claim": f"{namespace}/{name}"}
+    else:
+        what = {"": "pod with GPU claims or claim", "claim": "claim"}.get(kind, "pod with claims")
+        raise NotFoundError(f"no {what} {name!r} in namespace {namespace}")
+    data = {**subject, "reasons": [r.to_dict() for r in reasons]}
+    lines = [f"{k.capitalize()}: {v}" for k, v in subject.items() if v]
+    lines += [f"  {r.code}: {r}" for r in reasons]
+    _emit(args, data, "\n".join(lines))
+
+
+def run(args: argparse.Namespace) -> int:
+    kubeconfig = _kubeconfig(args)
+    api_client = new_api_client(
+        kubeconfig, user_agent=f"kubectl-gpuslice/{__version__}", context=args.context
+    )
+    raw = RawApi(api_client, deadline=20.0)
+    namespace = _namespace(args, kubeconfig)
+    if args.command == "top":
+        rows = report.gpu_rows(source.load(raw))
+        _emit(args, rows, report.gpu_table(rows, wide=args.output == "wide"))
+    elif args.command == "describe":
+        view = source.load(raw)
+        device = view.find(args.gpu)
+        row = report.gpu_row(view, view.usage()[device.key])
+        _emit(args, row, report.describe_gpu(row))
+    elif args.command == "claims":
+        view = source.load(raw)
+        rows = report.claim_rows(view, None if args.all_namespaces else namespace)
+        _emit(args, rows, report.claim_table(rows, all_namespaces=args.all_namespaces))
+    elif args.command == "why":
+        _why(args, raw, namespace)
+    else:
+        device = source.load(raw).find(args.gpu)
+        if args.command == "cordon":
+            outcome = cordon.cordon(raw, device, evict=args.evict)
+        else:
+            outcome = cordon.uncordon(raw, device)
+        print(outcome.message)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    args.output = getattr(args, "output", None) or "table"
+    try:
+        return run(args)
+    except GpusliceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
