@@ -307,6 +307,9 @@ class ControlPlane:
                 f"--secure-port={ports.apiserver}",
                 f"--advertise-address={HOST}",
                 "--endpoint-reconciler-type=none",
+                # No kube-proxy: webhooks (and aggregated APIs) behind a Service are called at
+                # an endpoint's pod IP, which the host reaches on the real nodes' bridges.
+                "--enable-aggregator-routing=true",
                 f"--cert-dir={self.run_dir / 'apiserver-certs'}",
                 f"--tls-cert-file={serving.cert}",
                 f"--tls-private-key-file={serving.key}",

@@ -95,6 +95,9 @@ KCM_CONTROLLERS = (
     "deployment-controller",
     "daemonset-controller",
     "job-controller",
+    # EndpointSlices of Services: the API server's service resolver (--enable-aggregator-routing)
+    # reads them to call a webhook Service at its pods' IPs, as there is no kube-proxy.
+    "endpointslice-controller",
 )
 
 

@@ -69,4 +69,10 @@ def chart_values(images: dict[str, str], *, registry: str = "") -> dict[str, Any
         **(
             {"devicePlugin": {"image": image("device-plugin")}} if "device-plugin" in images else {}
         ),
+        # the controller's webhooks (pod dialects, claim validation) where its image is given
+        "controller": (
+            {"enabled": True, "image": image("controller")}
+            if "controller" in images
+            else {"enabled": False}
+        ),
     }

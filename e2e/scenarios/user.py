@@ -8,10 +8,13 @@ Each scenario takes a ``Cluster`` running the gpuslice chart on nodes with the f
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 from e2e.sandbox.nodeagent.testing import wait_for
 from e2e.scenarios.cluster import (
+    DRIVER,
+    GPU_CLASS,
     MIG_CLASS,
     RESOURCE,
     Cluster,
@@ -20,6 +23,7 @@ from e2e.scenarios.cluster import (
     sample,
 )
 from e2e.scenarios.nodes import MIG_GPU, SHARE_GPU, SHARED_CLAIM_GPU, WHOLE_GPU, gpu_count
+from gpuslice_kube.errors import KubeError
 from gpuslice_kube.raw import Obj, resource_path
 
 GIB = 1024**3
@@ -175,6 +179,58 @@ def legacy_extended_resource(cluster: Cluster) -> None:
         claim = cluster.get_claim(ns, extended["resourceClaimName"])
         [result] = claim["status"]["allocation"]["devices"]["results"]
         assert result["device"] == device["DEVICE"], (result, device)
+
+
+def dialect_pod_through_the_controller(cluster: Cluster) -> None:
+    """The controller's webhooks, called by the API server at its Service: a pod written for
+    HAMi (``nvidia.com/gpu`` + ``gpucores`` + ``gpumem``) is translated into a DRA pod that runs
+    with those limits, and a claim with a bad GpuConfig is denied with the field named."""
+    node = cluster.gpu_nodes[0]
+    hami = {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "30", "nvidia.com/gpumem": "4096"}
+    with cluster.namespace("dialect") as ns:
+        created = cluster.pod(ns, "hami", node, limits=hami)
+        assert created["spec"].get("resourceClaims"), created["spec"]
+        assert "limits" not in created["spec"]["containers"][0]["resources"], created["spec"]
+        translated = created["metadata"]["annotations"]["gpu.gpuslice.dev/translated-from"]
+        assert json.loads(translated)["dialect"] == "hami", translated
+        pod = cluster.running(ns, "hami")
+        [device] = cluster.devices(ns, "hami")
+        assert (device["CORES"], device["MEMORY"]) == ("30", str(4 * GIB)), device
+        assert device["ENFORCEMENT"] in ("hard", "soft") and device["SHARE_ID"], device
+        [pod_claim] = pod["spec"]["resourceClaims"]
+        assert cluster.pod_claim(pod, pod_claim["name"])["status"]["allocation"], pod_claim
+
+        bad = {
+            "apiVersion": RESOURCE,
+            "kind": "ResourceClaim",
+            "metadata": {"name": "bad"},
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "gpu", "exactly": {"deviceClassName": GPU_CLASS}}],
+                    "config": [
+                        {
+                            "opaque": {
+                                "driver": DRIVER,
+                                "parameters": {
+                                    "apiVersion": "gpu.gpuslice.dev/v1alpha1",
+                                    "kind": "GpuConfig",
+                                    "limits": {"cores": 500},
+                                },
+                            }
+                        }
+                    ],
+                }
+            },
+        }
+        try:
+            cluster.create(ns, "resourceclaims", bad, RESOURCE)
+        except KubeError as exc:
+            message = str(exc)
+        else:
+            raise AssertionError("a GpuConfig with limits.cores 500 was admitted")
+        assert 'admission webhook "claims.gpu.gpuslice.dev" denied the request' in message, message
+        assert "spec.devices.config[0].opaque.parameters" in message, message
+        assert "limits.cores: 500" in message, message
 
 
 def claim_shared_by_two_pods(cluster: Cluster) -> None:
@@ -375,6 +431,7 @@ SCENARIOS: list[Callable[[Cluster], None]] = [
     static_mig_device,
     each_container_sees_its_requests,
     legacy_extended_resource,
+    dialect_pod_through_the_controller,
     claim_shared_by_two_pods,
     plugin_killed_while_pods_run,
     kubelet_restarted,

@@ -166,8 +166,11 @@ def test_renders_for_each_kubernetes_minor_and_backend(
             "ClusterRoleBinding",
             "ConfigMap",
             "DaemonSet",
+            "Deployment",  # the controller
             "DeviceClass",
+            "MutatingWebhookConfiguration",
             "Pod",  # helm test's validation pod
+            "PodDisruptionBudget",
             "ResourceClaimTemplate",  # ... and its claim
             "Role",
             "RoleBinding",
@@ -175,6 +178,7 @@ def test_renders_for_each_kubernetes_minor_and_backend(
             "ServiceAccount",
             "ValidatingAdmissionPolicy",
             "ValidatingAdmissionPolicyBinding",
+            "ValidatingWebhookConfiguration",
         ]
     )
     gpu = one(objs, "DeviceClass", "gpu.gpuslice.dev")
@@ -295,6 +299,7 @@ def test_components_and_options_can_be_switched(helm_bin: Path) -> None:
             "enforcer.enabled=false",
             "migManager.enabled=false",
             "kubeletPlugin.metrics.enabled=false",
+            "controller.enabled=false",
         ),
     )
     spec = pod_spec(off)
@@ -351,6 +356,38 @@ def test_components_and_options_can_be_switched(helm_bin: Path) -> None:
     node_yaml = yaml.safe_load(one(named, "ConfigMap", "gpuslice-fake-nvml")["data"]["node.yaml"])
     assert node_yaml == {"name": "lab-node", "gpus": [{"model": "L4"}], "statePath": "state.json"}
     assert env_of(containers(named)["node-setup"])["FAKE_NVML_SET_NAME"] == "false"
+
+
+CONTROLLER_KINDS = {
+    "Deployment",
+    "MutatingWebhookConfiguration",
+    "PodDisruptionBudget",
+    "ValidatingWebhookConfiguration",
+}
+
+
+def test_the_controller_is_on_by_default_with_its_own_certificates(helm_bin: Path) -> None:
+    objs = render(helm_bin)
+    name = "gpuslice-controller"
+    deployment = one(objs, "Deployment", name)
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["image"].endswith("/gpuslice-controller:0.1.0"), container["image"]
+    env = env_of(container)
+    assert env["MANAGE_CERTIFICATES"] == "true"  # no cert-manager needed
+    assert env["CERT_HOSTS"] == f"{name}.gpuslice.svc,{name}.gpuslice.svc.cluster.local"
+    for kind, path in (
+        ("ValidatingWebhookConfiguration", "/validate"),
+        ("MutatingWebhookConfiguration", "/mutate"),
+    ):
+        [hook] = one(objs, kind, name)["webhooks"]
+        service = hook["clientConfig"]["service"]
+        assert (service["name"], service["namespace"], service["path"]) == (name, "gpuslice", path)
+        assert hook["failurePolicy"] == "Fail" and "caBundle" not in hook["clientConfig"]
+    assert not find(objs, "Certificate") and not find(objs, "Issuer")
+
+    off = render(helm_bin, "--set", "controller.enabled=false")
+    assert not {o["kind"] for o in off} & CONTROLLER_KINDS
+    assert not [o for o in off if name in o["metadata"]["name"]]
 
 
 # ---- sync with the services and with e2e/manifests --------------------------------------------
@@ -835,7 +872,9 @@ def installed(
         "-n",
         namespace,
         f"--kubeconfig={sandbox.kubeconfig}",
-        *sets("deviceClasses.enabled=false"),
+        # No controller: nothing runs its pods here, and its webhooks (failurePolicy Fail, every
+        # namespace) would refuse the GPU claims of the suites that share this sandbox.
+        *sets("deviceClasses.enabled=false", "controller.enabled=false"),
     )
     try:
         yield release, f"system:serviceaccount:{namespace}:{release}-gpuslice-node"

@@ -114,7 +114,8 @@ def test_the_device_plugin_may_make_exactly_its_calls(
         "-n",
         namespace,
         f"--kubeconfig={sandbox.kubeconfig}",
-        *sets("deviceClasses.enabled=false"),
+        # no controller: its fail-closed webhooks would refuse other suites' GPU claims here
+        *sets("deviceClasses.enabled=false", "controller.enabled=false"),
     )
     try:
         user = f"system:serviceaccount:{namespace}:{release}-gpuslice-device-plugin"

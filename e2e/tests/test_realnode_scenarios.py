@@ -78,7 +78,9 @@ def chart_cluster(
         except (NodeStartError, nodehost.HostError) as exc:
             pytest.fail(f"real nodes did not start: {exc}", pytrace=False)
         try:
-            images = {name: real_images[name].ref for name in (*SERVICES, "device-plugin")}
+            images = {
+                name: real_images[name].ref for name in (*SERVICES, "device-plugin", "controller")
+            }
             values = chart_values(images)
             installed = install(helm_path, cp.kubeconfig, values, run_dir / "values.json")
 
@@ -131,14 +133,32 @@ def test_chart_runs_from_our_images_on_real_kubelets(
         )["items"]
         devices = sorted(d["name"] for s in slices for d in s["spec"].get("devices") or [])
         assert devices[:3] == ["gpu-0", "gpu-1", "gpu-2"], devices
+    # the controller runs from its image, every replica ready (its webhooks: the scenarios)
+    controllers = cluster.kube.list(
+        resource_path("v1", "pods", namespace=installed.namespace),
+        label_selector="app.kubernetes.io/component=controller",
+    )["items"]
+    assert len(controllers) == 2, [p["metadata"]["name"] for p in controllers]
+    for pod in controllers:
+        [status] = pod["status"]["containerStatuses"]
+        assert status["ready"] and status["image"].endswith(
+            cluster_image(cluster, installed, "controller", "controller", "deployments")
+        ), status
 
 
-def cluster_image(cluster: Cluster, installed: Installed, service: str) -> str:
-    ds = cluster.kube.list(
-        resource_path("apps/v1", "daemonsets", namespace=installed.namespace),
-        label_selector="app.kubernetes.io/component=node",
+def cluster_image(
+    cluster: Cluster,
+    installed: Installed,
+    service: str,
+    component: str = "node",
+    workloads: str = "daemonsets",
+) -> str:
+    """The image of ``service``'s container in the release's workload of ``component``."""
+    workload = cluster.kube.list(
+        resource_path("apps/v1", workloads, namespace=installed.namespace),
+        label_selector=f"app.kubernetes.io/component={component}",
     )["items"][0]
-    spec = ds["spec"]["template"]["spec"]
+    spec = workload["spec"]["template"]["spec"]
     for c in spec["containers"] + spec.get("initContainers", []):
         if c["name"] == service:
             image: str = c["image"]

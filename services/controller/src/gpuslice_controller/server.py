@@ -94,6 +94,10 @@ class _Server(ThreadingHTTPServer):
         if context is None:
             return  # not ready: close without a word, the API server retries
         request.settimeout(HANDSHAKE_TIMEOUT)
+        # A response is small and written at once; without TCP_NODELAY, Nagle's algorithm holds
+        # any second segment until the client's delayed ACK (40 ms on Linux), which was 99% of
+        # every review's round trip (bench/bench_controller.py, docs/controller.md "Figures").
+        request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             tls = context.wrap_socket(request, server_side=True)
         except (ssl.SSLError, OSError) as exc:
@@ -109,6 +113,10 @@ class _Server(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Buffered: the status line, headers and body leave in one write (one TLS record), flushed
+    # by the handler after each request, instead of one write for the headers and one for the
+    # body.
+    wbufsize = 64 * 1024
     server: _Server
 
     def log_message(self, format: str, *args: Any) -> None:
