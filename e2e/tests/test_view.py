@@ -36,6 +36,9 @@ from e2e.sandbox.nodeagent.testing import (
 )
 from gpuslice_kube.errors import KubeNotFoundError
 from gpuslice_kube.raw import Obj, RawApi, resource_path
+from gpuslice_view.feed import ViewFeeder
+from gpuslice_view.report import gpu_rows
+from gpuslice_view.source import load
 
 pytest_plugins = ("e2e.sandbox.nodeagent.fixtures", "e2e.tests.test_kubelet_plugin_support")
 pytestmark = pytest.mark.timeout(120)
@@ -159,6 +162,36 @@ def test_top_describe_and_claims_follow_create_and_delete(
     assert rows(cli, node)["gpu-0"]["cores"]["used"] == 0
     missing = cli.run("describe", "gpu", f"{node.name}/9", rc=1)
     assert f"no GPU '{node.name}/9'" in missing and f"Known: {node.name}/0" in missing
+
+
+def test_the_watch_fed_view_matches_a_fresh_list(kube: RawApi, node: GpuNode, ns: str) -> None:
+    """What the controller holds (``ViewFeeder``: list, then watch) is what a fresh list of
+    every kind builds, after a create and after a delete."""
+    feeder = ViewFeeder(kube)
+    feeder.start()
+    try:
+        assert feeder.synced.wait(30), "the feeder's reflectors never synced"
+
+        def fed() -> dict[str, Obj]:
+            return {r["device"]: r for r in feeder.read(gpu_rows) if r["node"] == node.name}
+
+        def listed() -> dict[str, Obj]:
+            view = load(kube, all_pods=True)
+            return {r["device"]: r for r in gpu_rows(view) if r["node"] == node.name}
+
+        start_pod(kube, ns, node, "fed", selector=on_gpu(1), cores="40", memory="8Gi")
+        wait_pod_phase(kube, ns, "fed", "Running", timeout=30)
+        wait_for(lambda: fed()["gpu-1"]["allocations"], 10, "the claim in the fed view")
+        # a watch may lag a fresh list by an event or two, never for good
+        wait_for(lambda: fed() == listed(), 10, "the fed view to equal a fresh list")
+        assert fed()["gpu-1"]["allocations"][0]["pods"] == ["fed"]
+
+        delete_pods(kube, ns, "fed")
+        wait_for(lambda: not fed()["gpu-1"]["allocations"], 30, "gpu-1 free in the fed view")
+        wait_for(lambda: fed() == listed(), 10, "the fed view to equal a fresh list")
+        assert feeder.events["ResourceClaim"] > 0 and feeder.events["Pod"] > 0
+    finally:
+        feeder.stop()
 
 
 def test_why_names_the_cause(cli: Cli, kube: RawApi, node: GpuNode, ns: str) -> None:
