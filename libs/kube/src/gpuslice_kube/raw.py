@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -119,6 +119,24 @@ class RawApi:
     ) -> Obj:
         """List all pages; returns ``{"items": [...], "metadata": {"resourceVersion": ...}}``."""
         items: list[Obj] = []
+        version = None
+        for page, page_version in self.pages(
+            path, label_selector=label_selector, field_selector=field_selector, limit=limit
+        ):
+            items.extend(page)
+            version = page_version
+        return {"items": items, "metadata": {"resourceVersion": version}}
+
+    def pages(
+        self,
+        path: str,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        limit: int | None = 500,
+    ) -> Iterator[tuple[Sequence[Obj], str | None]]:
+        """A list page by page, as ``(items, resourceVersion of the list)``: a consumer that
+        reduces what it keeps never holds more than one page of whole objects."""
         token: str | None = None
         while True:
             page: Obj = self._call(
@@ -131,14 +149,11 @@ class RawApi:
                     "continue": token,
                 },
             )
-            items.extend(page.get("items") or [])
             meta = page.get("metadata") or {}
+            yield page.get("items") or [], meta.get("resourceVersion")
             token = meta.get("continue")
             if not token:
-                return {
-                    "items": items,
-                    "metadata": {"resourceVersion": meta.get("resourceVersion")},
-                }
+                return
 
     def create(self, path: str, obj: Obj) -> Obj:
         result: Obj = self._call("POST", path, body=obj)

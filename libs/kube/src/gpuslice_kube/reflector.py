@@ -108,21 +108,30 @@ class Reflector:
             log.exception("reflector handler failed", path=self.path, event_type=event_type)
 
     def _relist(self) -> str:
-        listing = self.raw.list(
+        """List page by page: each object is reported and reduced (``keep``) as its page
+        arrives, so a large collection never sits in memory whole; what the cache holds that
+        the list did not return was deleted meanwhile, reported last."""
+        listed: set[str] = set()
+        version: str | None = None
+        for items, page_version in self.raw.pages(
             self.path, label_selector=self.label_selector, field_selector=self.field_selector
-        )
-        fresh = {object_key(o): o for o in listing["items"]}
-        for key in set(self.cache) - set(fresh):
+        ):
+            version = page_version
+            for obj in items:
+                key = object_key(obj)
+                listed.add(key)
+                old = self.cache.get(key)
+                self.cache[key] = self.keep(obj)
+                if old is None:
+                    self._emit("ADDED", obj)
+                elif old["metadata"].get("resourceVersion") != obj["metadata"].get(
+                    "resourceVersion"
+                ):
+                    self._emit("MODIFIED", obj)
+        for key in set(self.cache) - listed:
             self._emit("DELETED", self.cache.pop(key))
-        for key, obj in fresh.items():
-            old = self.cache.get(key)
-            self.cache[key] = self.keep(obj)
-            if old is None:
-                self._emit("ADDED", obj)
-            elif old["metadata"].get("resourceVersion") != obj["metadata"].get("resourceVersion"):
-                self._emit("MODIFIED", obj)
         self.synced.set()
-        return str(listing["metadata"]["resourceVersion"])
+        return str(version)
 
     def _watch(self, version: str) -> None:
         while not self._stop.is_set():
