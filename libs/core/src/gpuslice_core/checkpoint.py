@@ -286,7 +286,12 @@ class CheckpointStore(Generic[ModelT]):
                 f" {self._version} this build understands; refusing to read or overwrite it."
                 " Was gpuslice downgraded? Upgrade again, or move the file aside to start empty."
             )
-        data: dict[str, Any] = doc["data"]
+        return self._state_of(doc["data"], version)
+
+    def _state_of(
+        self, data: dict[str, Any], version: int, *, what: str = "data"
+    ) -> LoadResult[ModelT]:
+        """``data`` of schema ``version`` (at most this build's), migrated and validated."""
         migrated_from = None
         if version < self._version:
             data = self._migrate(data, version)
@@ -295,7 +300,7 @@ class CheckpointStore(Generic[ModelT]):
             state = self._model.model_validate(data)
         except ValidationError as exc:
             raise self._corrupt(
-                f"data does not fit schema version {self._version} ({self._model.__name__}):"
+                f"{what} does not fit schema version {self._version} ({self._model.__name__}):"
                 f" {describe_errors(exc)}"
             ) from exc
         return LoadResult(state=state, existed=True, migrated_from=migrated_from)

@@ -196,18 +196,7 @@ class JournaledStore(Generic[ModelT]):
             base._load(locked=True)  # raises the newer-version error, in the store's words
         data: dict[str, Any] = doc["data"]
         offset, seq = self._replay(doc, data)
-        migrated_from = None
-        if version < base._version:
-            data = base._migrate(data, version)
-            migrated_from = version
-        try:
-            state = base._model.model_validate(data)
-        except ValidationError as exc:
-            raise self._corrupt(
-                f"base and journal do not fit schema version {base._version}: "
-                f"{describe_errors(exc)}"
-            ) from exc
-        result = LoadResult(state=state, existed=True, migrated_from=migrated_from)
+        result = base._state_of(data, version, what="the base with its journal")
         return _Loaded(result, doc["checksum"], offset, seq, identity)
 
     def _corrupt(self, what: str) -> CorruptStateError:
