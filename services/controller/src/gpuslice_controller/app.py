@@ -1,10 +1,13 @@
 """Assembly and start/stop order of the controller.
 
 Start: API client → resource.k8s.io version → caches (our ResourceSlices, the claim templates
-this controller made, the TLS Secret) → HTTPS server → leader election (the leader manages the
-certificates) → metrics. The server answers /readyz only once a certificate is loaded and the
-caches have synced, so no review is answered from an empty cache. Stop (SIGTERM, SIGINT):
-readiness goes first, then the server finishes the reviews in flight, then the caches stop.
+this controller made, the TLS Secret) → the cluster view (``ViewFeeder``, on every replica) →
+HTTPS server → leader election (the leader manages the certificates) → metrics. The server
+answers /readyz only once a certificate is loaded and the admission caches have synced, so no
+review is answered from an empty cache; it does not wait for the view, so admission never
+depends on it (the view's own endpoints answer 503 until it has synced). Stop (SIGTERM,
+SIGINT): readiness goes first, then the server finishes the reviews in flight, then the caches
+and the view stop.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from gpuslice_kube.client import new_api_client
 from gpuslice_kube.discovery import RESOURCE_VERSIONS, served_versions
 from gpuslice_kube.raw import Obj, RawApi
 from gpuslice_kube.reflector import Reflector
+from gpuslice_view.feed import ViewFeeder
 
 log = get_logger(__name__)
 
@@ -125,6 +129,7 @@ def _run(args: argparse.Namespace) -> int:
         driver=args.driver_name,
         device_class=args.gpu_device_classes[0],
     )
+    feeder = ViewFeeder(raw, driver=args.driver_name) if args.cluster_view else None
     cert = ServingCert(Path(args.cert_dir))
     secret_watch = TlsSecretWatch(raw, args.namespace, args.tls_secret, cert)
     server = WebhookServer(
@@ -167,9 +172,12 @@ def _run(args: argparse.Namespace) -> int:
         identity=identity,
         manage_certificates=args.manage_certificates,
         leader_elect=args.leader_elect,
+        cluster_view=feeder is not None,
     )
     for part in (inventory, translator, secret_watch.reflector):
         part.start()
+    if feeder is not None:
+        feeder.start()
     server.start()
     solo: threading.Thread | None = None
     if args.leader_elect:
@@ -188,6 +196,8 @@ def _run(args: argparse.Namespace) -> int:
         if leadership is not None:
             leadership.stop()
         server.stop()
+        if feeder is not None:
+            feeder.stop()
         for part in (secret_watch.reflector, translator, inventory):
             part.stop()
         if http is not None:

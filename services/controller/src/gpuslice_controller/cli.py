@@ -159,6 +159,16 @@ def build_parser() -> EnvArgumentParser:
         default="gpuslice-controller",
         help="Name of the coordination.k8s.io Lease (in --namespace) the replicas compete for.",
     )
+    p.add_bool_flag(
+        "--cluster-view",
+        env="CLUSTER_VIEW",
+        default=True,
+        help=(
+            "Hold the cluster view of every GPU (watches of ResourceSlices, ResourceClaims,"
+            " pods, DeviceClasses and DeviceTaintRules) and serve it: the per-GPU and per-claim"
+            " metrics, the /view/ endpoints and, on the leader, Events on unschedulable pods."
+        ),
+    )
     p.add_flag(
         "--driver-name",
         env="DRIVER_NAME",
