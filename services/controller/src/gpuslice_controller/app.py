@@ -20,6 +20,8 @@ import threading
 from pathlib import Path
 from types import FrameType
 
+from prometheus_client import REGISTRY
+
 from gpuslice_controller import __version__, certs, rotation
 from gpuslice_controller.inventory import GpuInventory
 from gpuslice_controller.leader import Leadership
@@ -27,6 +29,7 @@ from gpuslice_controller.mutate import PodTranslator
 from gpuslice_controller.server import ServingCert, WebhookServer
 from gpuslice_controller.translate import ClusterFacts
 from gpuslice_controller.validate import ClaimValidator, Classes
+from gpuslice_controller.viewmetrics import ViewCollector
 from gpuslice_core import metrics
 from gpuslice_core.errors import FailedPreconditionError, GpusliceError
 from gpuslice_core.logging import configure, get_logger
@@ -163,6 +166,9 @@ def _run(args: argparse.Namespace) -> int:
         else:
             stop_leading.wait()
 
+    collector = ViewCollector(feeder) if feeder is not None else None
+    if collector is not None:
+        REGISTRY.register(collector)
     http = metrics.serve(args.metrics_addr) if args.metrics_addr else None
     stop = threading.Event()
     log.info(
@@ -202,4 +208,6 @@ def _run(args: argparse.Namespace) -> int:
             part.stop()
         if http is not None:
             http.shutdown()
+        if collector is not None:
+            REGISTRY.unregister(collector)
     return 0
