@@ -419,6 +419,8 @@ CONTROLLER_VIEW_RULES = {
         )
         for verb in ("list", "watch")
     ),
+    ("authentication.k8s.io", "tokenreviews", "create", ""),
+    ("authorization.k8s.io", "subjectaccessreviews", "create", ""),
 }
 CONTROLLER_WEBHOOK_RULES = {
     (
@@ -446,6 +448,11 @@ def test_controller_rbac_is_exactly_its_calls(helm_bin: Path) -> None:
     )
     [container] = one(no_view, "Deployment", name)["spec"]["template"]["spec"]["containers"]
     assert env_of(container)["CLUSTER_VIEW"] == "false"
+    # Who may read the view: a ClusterRole to bind, for the virtual resource the controller's
+    # SubjectAccessReview asks about.
+    view = one(render(helm_bin), "ClusterRole", "gpuslice-view")
+    assert rule_set(view) == {("gpu.gpuslice.dev", "gpus", "get", "")}
+    assert not find(no_view, "ClusterRole", "gpuslice-view")
 
 
 # ---- sync with the services and with e2e/manifests --------------------------------------------

@@ -23,12 +23,14 @@ from types import FrameType
 from prometheus_client import REGISTRY
 
 from gpuslice_controller import __version__, certs, rotation
+from gpuslice_controller.auth import Authorizer, Reviewer
 from gpuslice_controller.inventory import GpuInventory
 from gpuslice_controller.leader import Leadership
 from gpuslice_controller.mutate import PodTranslator
 from gpuslice_controller.server import ServingCert, WebhookServer
 from gpuslice_controller.translate import ClusterFacts
 from gpuslice_controller.validate import ClaimValidator, Classes
+from gpuslice_controller.viewapi import ViewApi
 from gpuslice_controller.viewmetrics import ViewCollector
 from gpuslice_core import metrics
 from gpuslice_core.errors import FailedPreconditionError, GpusliceError
@@ -133,6 +135,11 @@ def _run(args: argparse.Namespace) -> int:
         device_class=args.gpu_device_classes[0],
     )
     feeder = ViewFeeder(raw, driver=args.driver_name) if args.cluster_view else None
+    view_api = None
+    if feeder is not None:
+        # A caller waits for its reviews: a short deadline, not the writers' minute of retries.
+        reviewer = Reviewer(RawApi(api_client, deadline=5.0))
+        view_api = ViewApi(feeder, Authorizer(reviewer, ttl=args.view_auth_ttl))
     cert = ServingCert(Path(args.cert_dir))
     secret_watch = TlsSecretWatch(raw, args.namespace, args.tls_secret, cert)
     server = WebhookServer(
@@ -143,6 +150,7 @@ def _run(args: argparse.Namespace) -> int:
             "the ResourceSlice cache": inventory.synced,
             "the claim template cache": translator.synced,
         },
+        view=view_api,
     )
     leadership: Leadership | None = None
     rotator: rotation.Rotator | None = None

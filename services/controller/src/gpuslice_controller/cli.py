@@ -170,6 +170,16 @@ def build_parser() -> EnvArgumentParser:
         ),
     )
     p.add_flag(
+        "--view-auth-ttl",
+        env="VIEW_AUTH_TTL",
+        type=positive_seconds,
+        default=10.0,
+        help=(
+            "Seconds a token that passed its TokenReview and SubjectAccessReview is trusted by"
+            " the /view/ endpoints before it is reviewed again."
+        ),
+    )
+    p.add_flag(
         "--driver-name",
         env="DRIVER_NAME",
         default="gpu.gpuslice.dev",
