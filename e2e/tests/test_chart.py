@@ -421,6 +421,8 @@ CONTROLLER_VIEW_RULES = {
     ),
     ("authentication.k8s.io", "tokenreviews", "create", ""),
     ("authorization.k8s.io", "subjectaccessreviews", "create", ""),
+    ("", "events", "create", ""),
+    ("", "events", "patch", ""),
 }
 CONTROLLER_WEBHOOK_RULES = {
     (

@@ -24,6 +24,7 @@ from prometheus_client import REGISTRY
 
 from gpuslice_controller import __version__, certs, rotation
 from gpuslice_controller.auth import Authorizer, Reviewer
+from gpuslice_controller.diagnose import Diagnostics
 from gpuslice_controller.inventory import GpuInventory
 from gpuslice_controller.leader import Leadership
 from gpuslice_controller.mutate import PodTranslator
@@ -190,8 +191,27 @@ def _run(args: argparse.Namespace) -> int:
     )
     for part in (inventory, translator, secret_watch.reflector):
         part.start()
+    diagnostics: Diagnostics | None = None
     if feeder is not None:
+
+        def leading() -> bool:
+            if not args.leader_elect:
+                return True
+            return leadership is not None and leadership.leading.is_set()
+
+        diagnostics = Diagnostics(
+            feeder.read,
+            RawApi(api_client, deadline=10.0),
+            resource_api=version,
+            leading=leading,
+            identity=identity,
+            interval=args.event_interval,
+        )
+        feeder.listen(diagnostics.on_change)
         feeder.start()
+        threading.Thread(
+            target=diagnostics.run, args=(stop,), name="diagnostics", daemon=True
+        ).start()
     server.start()
     solo: threading.Thread | None = None
     if args.leader_elect:

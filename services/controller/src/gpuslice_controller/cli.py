@@ -180,6 +180,16 @@ def build_parser() -> EnvArgumentParser:
         ),
     )
     p.add_flag(
+        "--event-interval",
+        env="EVENT_INTERVAL",
+        type=positive_seconds,
+        default=60.0,
+        help=(
+            "Seconds between two GpuUnschedulable Events with the same reason on one pod (the"
+            " second counts the first up); a changed reason is posted at once."
+        ),
+    )
+    p.add_flag(
         "--driver-name",
         env="DRIVER_NAME",
         default="gpu.gpuslice.dev",
