@@ -457,6 +457,24 @@ def test_controller_rbac_is_exactly_its_calls(helm_bin: Path) -> None:
     assert not find(no_view, "ClusterRole", "gpuslice-view")
 
 
+def test_grafana_dashboard_is_off_by_default_and_queries_the_controllers_metrics(
+    helm_bin: Path,
+) -> None:
+    assert not find(render(helm_bin), "ConfigMap", "gpuslice-grafana-dashboard")
+    objs = render(helm_bin, *sets("grafanaDashboard.enabled=true", "grafanaDashboard.labels.x=y"))
+    config = one(objs, "ConfigMap", "gpuslice-grafana-dashboard")
+    assert config["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert config["metadata"]["labels"]["x"] == "y"
+    dashboard = json.loads(config["data"]["gpuslice-gpus.json"])
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    used = {m for e in exprs for m in re.findall(r"gpuslice_[a-z_]+", e)}
+    # what gpuslice_controller.viewmetrics exposes (a counter's family name gains _total)
+    source = (REPO_ROOT / "services/controller/src/gpuslice_controller/viewmetrics.py").read_text()
+    exposed = set(re.findall(r'"(gpuslice_[a-z_]+)"', source))
+    exposed |= {f"{name}_total" for name in exposed}
+    assert used and used <= exposed, used - exposed
+
+
 # ---- sync with the services and with e2e/manifests --------------------------------------------
 CLI_PARSERS = {
     "kubelet-plugin": kubelet_plugin_parser,
