@@ -390,6 +390,91 @@ def test_the_controller_is_on_by_default_with_its_own_certificates(helm_bin: Pat
     assert not [o for o in off if name in o["metadata"]["name"]]
 
 
+def rule_set(role: Obj) -> set[tuple[str, str, str, str]]:
+    """(group, resource, verb, name or "") for every grant of a Role or ClusterRole."""
+    return {
+        (group, resource, verb, name)
+        for rule in role["rules"]
+        for group in rule.get("apiGroups", [""])
+        for resource in rule.get("resources", [])
+        for verb in rule["verbs"]
+        for name in rule.get("resourceNames") or [""]
+    }
+
+
+CONTROLLER_CLUSTER_RULES = {
+    ("resource.k8s.io", "resourceslices", "list", ""),
+    ("resource.k8s.io", "resourceslices", "watch", ""),
+    *(("resource.k8s.io", "resourceclaimtemplates", v, "") for v in ("get", "list", "watch")),
+    ("resource.k8s.io", "resourceclaimtemplates", "create", ""),
+}
+CONTROLLER_VIEW_RULES = {
+    *(
+        (group, resource, verb, "")
+        for group, resource in (
+            ("resource.k8s.io", "resourceclaims"),
+            ("resource.k8s.io", "deviceclasses"),
+            ("resource.k8s.io", "devicetaintrules"),
+            ("", "pods"),
+        )
+        for verb in ("list", "watch")
+    ),
+    ("authentication.k8s.io", "tokenreviews", "create", ""),
+    ("authorization.k8s.io", "subjectaccessreviews", "create", ""),
+    ("", "events", "create", ""),
+    ("", "events", "patch", ""),
+}
+CONTROLLER_WEBHOOK_RULES = {
+    (
+        "admissionregistration.k8s.io",
+        f"{kind}webhookconfigurations",
+        verb,
+        "gpuslice-controller",
+    )
+    for kind in ("validating", "mutating")
+    for verb in ("get", "update")
+}
+
+
+def test_controller_rbac_is_exactly_its_calls(helm_bin: Path) -> None:
+    """The controller's ClusterRole grants what its code calls and nothing more (docs/helm.md,
+    "RBAC"); the cluster view's grants go with ``controller.clusterView.enabled``."""
+    name = "gpuslice-controller"
+    role = one(render(helm_bin), "ClusterRole", name)
+    assert rule_set(role) == CONTROLLER_CLUSTER_RULES | CONTROLLER_VIEW_RULES | (
+        CONTROLLER_WEBHOOK_RULES
+    )
+    no_view = render(helm_bin, *sets("controller.clusterView.enabled=false"))
+    assert rule_set(one(no_view, "ClusterRole", name)) == CONTROLLER_CLUSTER_RULES | (
+        CONTROLLER_WEBHOOK_RULES
+    )
+    [container] = one(no_view, "Deployment", name)["spec"]["template"]["spec"]["containers"]
+    assert env_of(container)["CLUSTER_VIEW"] == "false"
+    # Who may read the view: a ClusterRole to bind, for the virtual resource the controller's
+    # SubjectAccessReview asks about.
+    view = one(render(helm_bin), "ClusterRole", "gpuslice-view")
+    assert rule_set(view) == {("gpu.gpuslice.dev", "gpus", "get", "")}
+    assert not find(no_view, "ClusterRole", "gpuslice-view")
+
+
+def test_grafana_dashboard_is_off_by_default_and_queries_the_controllers_metrics(
+    helm_bin: Path,
+) -> None:
+    assert not find(render(helm_bin), "ConfigMap", "gpuslice-grafana-dashboard")
+    objs = render(helm_bin, *sets("grafanaDashboard.enabled=true", "grafanaDashboard.labels.x=y"))
+    config = one(objs, "ConfigMap", "gpuslice-grafana-dashboard")
+    assert config["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert config["metadata"]["labels"]["x"] == "y"
+    dashboard = json.loads(config["data"]["gpuslice-gpus.json"])
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    used = {m for e in exprs for m in re.findall(r"gpuslice_[a-z_]+", e)}
+    # what gpuslice_controller.viewmetrics exposes (a counter's family name gains _total)
+    source = (REPO_ROOT / "services/controller/src/gpuslice_controller/viewmetrics.py").read_text()
+    exposed = set(re.findall(r'"(gpuslice_[a-z_]+)"', source))
+    exposed |= {f"{name}_total" for name in exposed}
+    assert used and used <= exposed, used - exposed
+
+
 # ---- sync with the services and with e2e/manifests --------------------------------------------
 CLI_PARSERS = {
     "kubelet-plugin": kubelet_plugin_parser,

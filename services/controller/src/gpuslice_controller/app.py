@@ -1,10 +1,13 @@
 """Assembly and start/stop order of the controller.
 
 Start: API client → resource.k8s.io version → caches (our ResourceSlices, the claim templates
-this controller made, the TLS Secret) → HTTPS server → leader election (the leader manages the
-certificates) → metrics. The server answers /readyz only once a certificate is loaded and the
-caches have synced, so no review is answered from an empty cache. Stop (SIGTERM, SIGINT):
-readiness goes first, then the server finishes the reviews in flight, then the caches stop.
+this controller made, the TLS Secret) → the cluster view (``ViewFeeder``, on every replica) →
+HTTPS server → leader election (the leader manages the certificates) → metrics. The server
+answers /readyz only once a certificate is loaded and the admission caches have synced, so no
+review is answered from an empty cache; it does not wait for the view, so admission never
+depends on it (the view's own endpoints answer 503 until it has synced). Stop (SIGTERM,
+SIGINT): readiness goes first, then the server finishes the reviews in flight, then the caches
+and the view stop.
 """
 
 from __future__ import annotations
@@ -17,13 +20,19 @@ import threading
 from pathlib import Path
 from types import FrameType
 
+from prometheus_client import REGISTRY
+
 from gpuslice_controller import __version__, certs, rotation
+from gpuslice_controller.auth import Authorizer, Reviewer
+from gpuslice_controller.diagnose import Diagnostics
 from gpuslice_controller.inventory import GpuInventory
 from gpuslice_controller.leader import Leadership
 from gpuslice_controller.mutate import PodTranslator
 from gpuslice_controller.server import ServingCert, WebhookServer
 from gpuslice_controller.translate import ClusterFacts
 from gpuslice_controller.validate import ClaimValidator, Classes
+from gpuslice_controller.viewapi import ViewApi
+from gpuslice_controller.viewmetrics import ViewCollector
 from gpuslice_core import metrics
 from gpuslice_core.errors import FailedPreconditionError, GpusliceError
 from gpuslice_core.logging import configure, get_logger
@@ -31,6 +40,7 @@ from gpuslice_kube.client import new_api_client
 from gpuslice_kube.discovery import RESOURCE_VERSIONS, served_versions
 from gpuslice_kube.raw import Obj, RawApi
 from gpuslice_kube.reflector import Reflector
+from gpuslice_view.feed import ViewFeeder
 
 log = get_logger(__name__)
 
@@ -125,6 +135,12 @@ def _run(args: argparse.Namespace) -> int:
         driver=args.driver_name,
         device_class=args.gpu_device_classes[0],
     )
+    feeder = ViewFeeder(raw, driver=args.driver_name) if args.cluster_view else None
+    view_api = None
+    if feeder is not None:
+        # A caller waits for its reviews: a short deadline, not the writers' minute of retries.
+        reviewer = Reviewer(RawApi(api_client, deadline=5.0))
+        view_api = ViewApi(feeder, Authorizer(reviewer, ttl=args.view_auth_ttl))
     cert = ServingCert(Path(args.cert_dir))
     secret_watch = TlsSecretWatch(raw, args.namespace, args.tls_secret, cert)
     server = WebhookServer(
@@ -135,6 +151,7 @@ def _run(args: argparse.Namespace) -> int:
             "the ResourceSlice cache": inventory.synced,
             "the claim template cache": translator.synced,
         },
+        view=view_api,
     )
     leadership: Leadership | None = None
     rotator: rotation.Rotator | None = None
@@ -158,6 +175,9 @@ def _run(args: argparse.Namespace) -> int:
         else:
             stop_leading.wait()
 
+    collector = ViewCollector(feeder) if feeder is not None else None
+    if collector is not None:
+        REGISTRY.register(collector)
     http = metrics.serve(args.metrics_addr) if args.metrics_addr else None
     stop = threading.Event()
     log.info(
@@ -167,9 +187,31 @@ def _run(args: argparse.Namespace) -> int:
         identity=identity,
         manage_certificates=args.manage_certificates,
         leader_elect=args.leader_elect,
+        cluster_view=feeder is not None,
     )
     for part in (inventory, translator, secret_watch.reflector):
         part.start()
+    diagnostics: Diagnostics | None = None
+    if feeder is not None:
+
+        def leading() -> bool:
+            if not args.leader_elect:
+                return True
+            return leadership is not None and leadership.leading.is_set()
+
+        diagnostics = Diagnostics(
+            feeder.read,
+            RawApi(api_client, deadline=10.0),
+            resource_api=version,
+            leading=leading,
+            identity=identity,
+            interval=args.event_interval,
+        )
+        feeder.listen(diagnostics.on_change)
+        feeder.start()
+        threading.Thread(
+            target=diagnostics.run, args=(stop,), name="diagnostics", daemon=True
+        ).start()
     server.start()
     solo: threading.Thread | None = None
     if args.leader_elect:
@@ -188,8 +230,12 @@ def _run(args: argparse.Namespace) -> int:
         if leadership is not None:
             leadership.stop()
         server.stop()
+        if feeder is not None:
+            feeder.stop()
         for part in (secret_watch.reflector, translator, inventory):
             part.stop()
         if http is not None:
             http.shutdown()
+        if collector is not None:
+            REGISTRY.unregister(collector)
     return 0

@@ -159,6 +159,36 @@ def build_parser() -> EnvArgumentParser:
         default="gpuslice-controller",
         help="Name of the coordination.k8s.io Lease (in --namespace) the replicas compete for.",
     )
+    p.add_bool_flag(
+        "--cluster-view",
+        env="CLUSTER_VIEW",
+        default=True,
+        help=(
+            "Hold the cluster view of every GPU (watches of ResourceSlices, ResourceClaims,"
+            " pods, DeviceClasses and DeviceTaintRules) and serve it: the per-GPU and per-claim"
+            " metrics, the /view/ endpoints and, on the leader, Events on unschedulable pods."
+        ),
+    )
+    p.add_flag(
+        "--view-auth-ttl",
+        env="VIEW_AUTH_TTL",
+        type=positive_seconds,
+        default=10.0,
+        help=(
+            "Seconds a token that passed its TokenReview and SubjectAccessReview is trusted by"
+            " the /view/ endpoints before it is reviewed again."
+        ),
+    )
+    p.add_flag(
+        "--event-interval",
+        env="EVENT_INTERVAL",
+        type=positive_seconds,
+        default=60.0,
+        help=(
+            "Seconds between two GpuUnschedulable Events with the same reason on one pod (the"
+            " second counts the first up); a changed reason is posted at once."
+        ),
+    )
     p.add_flag(
         "--driver-name",
         env="DRIVER_NAME",

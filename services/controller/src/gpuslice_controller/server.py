@@ -8,8 +8,9 @@ Why not an ASGI stack: a webhook answers a few hundred small requests a second a
 keeps the image free of a web framework and its server (docs/controller.md).
 
 Paths: ``POST /validate`` and ``POST /mutate`` (AdmissionReview v1), ``GET /healthz`` (the
-process answers) and ``GET /readyz`` (a certificate is loaded and the caches the reviewers need
-have synced).
+process answers), ``GET /readyz`` (a certificate is loaded and the caches the reviewers need
+have synced) and, when a view is given, ``GET /view/...`` (``viewapi``: the cluster view as
+JSON, for authenticated and authorized callers).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 
-from gpuslice_controller import admission
+from gpuslice_controller import admission, viewapi
 from gpuslice_core.logging import get_logger
 
 log = get_logger(__name__)
@@ -139,6 +140,9 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(HTTPStatus.SERVICE_UNAVAILABLE, f"waiting for {waiting}\n".encode())
             else:
                 self._send(HTTPStatus.OK, b"ok\n")
+        elif app.view is not None and self.path.startswith(viewapi.PREFIX):
+            answer = app.view.get(self.path, self.headers.get("Authorization"))
+            self._send(answer.status, answer.body, answer.content_type)
         else:
             self._send(HTTPStatus.NOT_FOUND, b"not found\n")
 
@@ -172,8 +176,10 @@ class WebhookServer:
         cert: ServingCert,
         reviewers: Mapping[str, tuple[str, admission.Reviewer]],
         readiness: Mapping[str, Callable[[], bool]] | None = None,
+        view: viewapi.ViewApi | None = None,
     ) -> None:
         self.cert = cert
+        self.view = view
         self.reviewers = dict(reviewers)
         self.readiness = dict(readiness or {})
         self._server = _Server(addr, self)

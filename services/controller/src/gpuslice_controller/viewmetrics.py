@@ -1,0 +1,187 @@
+"""Prometheus metrics per GPU and per claim, derived from the cluster view at scrape time.
+
+A custom collector: nothing is counted or stored between scrapes. Each scrape takes one
+consistent snapshot of the view (under the feeder's lock, as plain tuples), then builds the
+families outside the lock. So the metrics cost no memory beyond the view itself, a GPU or claim
+that disappears disappears from the next scrape (no stale series to forget), and the numbers
+are those ``kubectl gpuslice top gpus -o json`` shows.
+
+Families (labels in braces):
+
+- ``gpuslice_gpu_cores_allocated_percent{node,device,uuid,model,type}``: percent of the GPU's
+  cores (SMs) allocated to claims; whole GPUs only (a MIG device has no cores capacity);
+- ``gpuslice_gpu_memory_allocated_bytes``, ``gpuslice_gpu_memory_total_bytes``: same labels,
+  GPUs and MIG devices;
+- ``gpuslice_gpu_allocations``: allocation results on the device;
+- ``gpuslice_gpu_cordoned``: 1 while a cordon (``kubectl gpuslice cordon``) is on it;
+- ``gpuslice_gpu_tainted``: 1 while another NoSchedule/NoExecute taint is on it (the plugin's
+  health taints, other DeviceTaintRules);
+- ``gpuslice_claim_cores_percent{namespace,claim,node,device}``,
+  ``gpuslice_claim_memory_bytes``: what an allocated claim holds of one device (a claim with two
+  requests on one device: their sum; a whole device: all of it);
+- ``gpuslice_view_events_total{kind}``: changes the view applied, by kind;
+- ``gpuslice_view_synced``: 1 once every kind's first list is in.
+
+Until the view has synced only the last two are given: a half-listed cluster would show GPUs
+as free that are not.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gpuslice_view.model import ClusterView
+from gpuslice_view.objects import CORDON_KEY
+
+T = TypeVar("T")
+GPU_LABELS = ("node", "device", "uuid", "model", "type")
+CLAIM_LABELS = ("namespace", "claim", "node", "device")
+BLOCKING = ("NoSchedule", "NoExecute")
+
+
+class ViewSource(Protocol):
+    """What the collector needs of a ``ViewFeeder`` (tests give a plain view)."""
+
+    synced: threading.Event
+    events: dict[str, int]
+
+    def read(self, fn: Callable[[ClusterView], T]) -> T: ...
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    labels: tuple[str, str, str, str, str]
+    cores_total: int
+    cores_used: int
+    memory_total: int
+    memory_used: int
+    allocations: int
+    cordoned: bool
+    tainted: bool
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    gpus: tuple[GpuSample, ...]
+    claims: Mapping[tuple[str, str, str, str], tuple[int, int]]
+    """(namespace, claim, node, device) -> (cores percent, memory bytes)"""
+
+
+def snapshot(view: ClusterView) -> Snapshot:
+    """Everything one scrape reports, read from ``view`` (call it under the feeder's lock)."""
+    gpus = []
+    for usage in view.usage().values():
+        d = usage.device
+        taints = view.taints(d)
+        cordoned = any(t.key == CORDON_KEY and t.rule for t in taints)
+        tainted = any(t.effect in BLOCKING and not (t.key == CORDON_KEY and t.rule) for t in taints)
+        gpus.append(
+            GpuSample(
+                labels=(d.node, d.name, d.uuid, d.model, d.kind),
+                cores_total=d.cores,
+                cores_used=usage.cores,
+                memory_total=d.memory,
+                memory_used=usage.memory,
+                allocations=len(usage.shares),
+                cordoned=cordoned,
+                tainted=tainted,
+            )
+        )
+    claims: dict[tuple[str, str, str, str], tuple[int, int]] = {}
+    for claim in view.claims.values():
+        for share in claim.shares:
+            if share.device[0] != view.driver:
+                continue
+            device = view.device_of(share.device)
+            node = device.node if device else share.device[1]
+            total_cores, total_memory = (device.cores, device.memory) if device else (0, 0)
+            cores = total_cores if share.cores is None else share.cores
+            memory = total_memory if share.memory is None else share.memory
+            key = (claim.namespace, claim.name, node, share.device[2])
+            had = claims.get(key, (0, 0))
+            claims[key] = (had[0] + cores, had[1] + memory)
+    return Snapshot(tuple(gpus), claims)
+
+
+class ViewCollector(Collector):
+    """Register with ``prometheus_client.REGISTRY.register(ViewCollector(feeder))``."""
+
+    def __init__(self, source: ViewSource) -> None:
+        self.source = source
+
+    def describe(self) -> list[Metric]:
+        return []  # families depend on the view; nothing to check at registration
+
+    def collect(self) -> Iterator[Metric]:
+        events = CounterMetricFamily(
+            "gpuslice_view_events", "Changes the cluster view applied, by kind.", labels=["kind"]
+        )
+        for kind, n in sorted(dict(self.source.events).items()):
+            events.add_metric([kind], n)
+        yield events
+        synced = self.source.synced.is_set()
+        yield GaugeMetricFamily(
+            "gpuslice_view_synced",
+            "1 once the cluster view has listed every kind it watches.",
+            value=1 if synced else 0,
+        )
+        if synced:
+            yield from families(self.source.read(snapshot))
+
+
+def families(snap: Snapshot) -> Iterator[Metric]:
+    def gauge(name: str, doc: str, labels: tuple[str, ...]) -> GaugeMetricFamily:
+        return GaugeMetricFamily(name, doc, labels=list(labels))
+
+    cores = gauge(
+        "gpuslice_gpu_cores_allocated_percent",
+        "Percent of a whole GPU's cores (SMs) allocated to claims.",
+        GPU_LABELS,
+    )
+    memory = gauge(
+        "gpuslice_gpu_memory_allocated_bytes",
+        "Bytes of a device's memory allocated to claims.",
+        GPU_LABELS,
+    )
+    total = gauge(
+        "gpuslice_gpu_memory_total_bytes", "Bytes of memory the device publishes.", GPU_LABELS
+    )
+    allocations = gauge("gpuslice_gpu_allocations", "Allocation results on the device.", GPU_LABELS)
+    cordoned = gauge(
+        "gpuslice_gpu_cordoned", "1 while the device is cordoned (DeviceTaintRule).", GPU_LABELS
+    )
+    tainted = gauge(
+        "gpuslice_gpu_tainted",
+        "1 while a NoSchedule or NoExecute taint other than a cordon is on the device.",
+        GPU_LABELS,
+    )
+    for g in snap.gpus:
+        labels = list(g.labels)
+        if g.cores_total:
+            cores.add_metric(labels, 100 * g.cores_used / g.cores_total)
+        memory.add_metric(labels, g.memory_used)
+        total.add_metric(labels, g.memory_total)
+        allocations.add_metric(labels, g.allocations)
+        cordoned.add_metric(labels, 1 if g.cordoned else 0)
+        tainted.add_metric(labels, 1 if g.tainted else 0)
+    claim_cores = gauge(
+        "gpuslice_claim_cores_percent",
+        "Percent of a GPU's cores an allocated claim holds on it.",
+        CLAIM_LABELS,
+    )
+    claim_memory = gauge(
+        "gpuslice_claim_memory_bytes",
+        "Bytes of a device's memory an allocated claim holds on it.",
+        CLAIM_LABELS,
+    )
+    for key, (c, m) in sorted(snap.claims.items()):
+        if c:
+            claim_cores.add_metric(list(key), c)
+        claim_memory.add_metric(list(key), m)
+    yield from (cores, memory, total, allocations, cordoned, tainted, claim_cores, claim_memory)

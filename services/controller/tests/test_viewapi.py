@@ -1,0 +1,115 @@
+"""The view's JSON endpoints: routes, shapes (those of kubectl gpuslice -o json), 503, 404."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from http import HTTPStatus
+from typing import Any, TypeVar
+
+import pytest
+
+from gpuslice_controller.auth import Authorizer, Decision
+from gpuslice_controller.viewapi import ViewApi
+from gpuslice_view import report
+from gpuslice_view import testing as t
+from gpuslice_view.model import ClusterView
+
+pytestmark = pytest.mark.timeout(10)
+T = TypeVar("T")
+
+
+class Source:
+    def __init__(self, view: ClusterView) -> None:
+        self.view = view
+        self.synced = threading.Event()
+        self.synced.set()
+        self.events: dict[str, int] = {}
+        self.reads = 0
+
+    def read(self, fn: Callable[[ClusterView], T]) -> T:
+        self.reads += 1
+        return fn(self.view)
+
+
+def cluster() -> ClusterView:
+    return ClusterView.build(
+        slices=[t.resource_slice("node-a", [t.gpu(0), t.gpu(1), t.mig(2, "1g.10gb", 0, 9856)])],
+        claims=[
+            t.claim(
+                "ml",
+                "a",
+                results=[t.result("node-a", "gpu-0", cores="80", memory="20Gi")],
+                pods=("pa",),
+            ),
+            t.claim("web", "whole", results=[t.result("node-a", "gpu-1")], pods=("w",)),
+            t.claim("ml", "pending"),
+        ],
+        classes=t.CLASSES,
+    )
+
+
+class Allow(Authorizer):
+    def __init__(self) -> None:
+        self.answer = Decision(HTTPStatus.OK, user="alice")
+
+    def check(self, authorization: str | None) -> Decision:
+        return self.answer
+
+
+@pytest.fixture
+def source() -> Source:
+    view = cluster()
+    pod = t.pod("ml", "waiting", claim="pending")
+    pod["status"]["conditions"] = [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/1"}
+    ]
+    view.apply("Pod", "ADDED", pod)
+    return Source(view)
+
+
+def get(api: ViewApi, path: str) -> tuple[HTTPStatus, Any]:
+    answer = api.get(path, "Bearer x")
+    return answer.status, json.loads(answer.body)
+
+
+def test_gpus_and_one_gpu_as_the_plugin_prints_them(source: Source) -> None:
+    api = ViewApi(source, Allow())
+    status, rows = get(api, "/view/gpus")
+    assert status == HTTPStatus.OK and rows == report.gpu_rows(source.view)
+    status, row = get(api, "/view/gpus/node-a/0")
+    assert status == HTTPStatus.OK and row["uuid"] == "GPU-00000000-aaaa"
+    assert row["cores"] == {"total": 100, "used": 80}
+    assert get(api, "/view/gpus/MIG-2-0")[1]["device"] == "gpu-2-mig-1g-10gb-0"
+    assert get(api, "/view/gpus/node-a/gpu-2-mig-1g-10gb-0")[1]["profile"] == "1g.10gb"
+    status, error = get(api, "/view/gpus/node-z/0")
+    assert status == HTTPStatus.NOT_FOUND and "node-a" in error["error"]
+
+
+def test_claims_of_all_or_one_namespace(source: Source) -> None:
+    api = ViewApi(source, Allow())
+    _, rows = get(api, "/view/claims")
+    assert rows == report.claim_rows(source.view, None)
+    _, web = get(api, "/view/claims?namespace=web")
+    assert [r["name"] for r in web] == ["whole"]
+
+
+def test_why_a_pod_waits(source: Source) -> None:
+    api = ViewApi(source, Allow())
+    status, why = get(api, "/view/why/ml/waiting")
+    assert status == HTTPStatus.OK
+    assert why["pod"] == "ml/waiting" and why["scheduler"] == "0/1"
+    assert why["reasons"][0]["claim"] == "ml/pending"
+    assert get(api, "/view/why/ml/nobody")[0] == HTTPStatus.NOT_FOUND
+    assert get(api, "/view/other")[0] == HTTPStatus.NOT_FOUND
+
+
+def test_authorization_comes_first_then_sync(source: Source) -> None:
+    deny = Allow()
+    deny.answer = Decision(HTTPStatus.FORBIDDEN, message="no")
+    source.synced.clear()
+    assert ViewApi(source, deny).get("/view/gpus", None).status == HTTPStatus.FORBIDDEN
+    status, error = get(ViewApi(source, Allow()), "/view/gpus")
+    assert status == HTTPStatus.SERVICE_UNAVAILABLE and "not synced" in error["error"]
+    assert source.reads == 0

@@ -1,0 +1,173 @@
+"""The per-GPU and per-claim metrics, from a ClusterView built of API-shaped dicts."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from gpuslice_controller.viewmetrics import ViewCollector
+from gpuslice_view import testing as t
+from gpuslice_view.model import ClusterView
+
+pytestmark = pytest.mark.timeout(10)
+T = TypeVar("T")
+GIB = 1024**3
+H100 = t.H100_MIB * 1024**2
+UUID0 = "GPU-00000000-aaaa"
+
+
+class Source:
+    def __init__(self, view: ClusterView, *, synced: bool = True) -> None:
+        self.view = view
+        self.synced = threading.Event()
+        if synced:
+            self.synced.set()
+        self.events = {"ResourceSlice": 2, "ResourceClaim": 5}
+        self.reads = 0
+
+    def read(self, fn: Callable[[ClusterView], T]) -> T:
+        self.reads += 1
+        return fn(self.view)
+
+
+def cluster() -> ClusterView:
+    return ClusterView.build(
+        slices=[
+            t.resource_slice("node-a", [t.gpu(0), t.gpu(1), t.mig(2, "1g.10gb", 0, 9856)]),
+            t.resource_slice("node-b", [t.gpu(0, model="NVIDIA L4", mib=22528)]),
+        ],
+        claims=[
+            t.claim(
+                "ml",
+                "a",
+                results=[t.result("node-a", "gpu-0", cores="30", memory="20Gi")],
+                pods=("pa",),
+            ),
+            t.claim(
+                "ml",
+                "b",
+                results=[t.result("node-a", "gpu-0", cores="50", memory="40Gi")],
+                pods=("pb",),
+            ),
+            t.claim("web", "whole", results=[t.result("node-b", "gpu-0")], pods=("w",)),
+            t.claim("ml", "m", results=[t.result("node-a", "gpu-2-mig-1g-10gb-0")]),
+            t.claim("ml", "pending"),
+        ],
+        classes=t.CLASSES,
+        rules=[t.taint_rule("gpuslice-cordon-node-b-gpu-0", "node-b", "gpu-0")],
+    )
+
+
+def registry(source: Source) -> CollectorRegistry:
+    reg = CollectorRegistry()
+    reg.register(ViewCollector(source))
+    return reg
+
+
+def gpu(node: str, device: str, uuid: str, model: str, kind: str = "gpu") -> dict[str, str]:
+    return {"node": node, "device": device, "uuid": uuid, "model": model, "type": kind}
+
+
+def test_per_gpu_rows_are_derived_from_the_view() -> None:
+    reg = registry(Source(cluster()))
+    a0 = gpu("node-a", "gpu-0", UUID0, "NVIDIA H100 80GB HBM3")
+    assert reg.get_sample_value("gpuslice_gpu_cores_allocated_percent", a0) == 80
+    assert reg.get_sample_value("gpuslice_gpu_memory_allocated_bytes", a0) == 60 * GIB
+    assert reg.get_sample_value("gpuslice_gpu_memory_total_bytes", a0) == H100
+    assert reg.get_sample_value("gpuslice_gpu_allocations", a0) == 2
+    assert reg.get_sample_value("gpuslice_gpu_cordoned", a0) == 0
+    a1 = gpu("node-a", "gpu-1", "GPU-00000001-aaaa", "NVIDIA H100 80GB HBM3")
+    assert reg.get_sample_value("gpuslice_gpu_cores_allocated_percent", a1) == 0
+    b0 = gpu("node-b", "gpu-0", UUID0, "NVIDIA L4")
+    assert reg.get_sample_value("gpuslice_gpu_cores_allocated_percent", b0) == 100
+    assert reg.get_sample_value("gpuslice_gpu_memory_allocated_bytes", b0) == 22528 * 1024**2
+    assert reg.get_sample_value("gpuslice_gpu_cordoned", b0) == 1
+    assert reg.get_sample_value("gpuslice_gpu_tainted", b0) == 0  # a cordon is not "tainted"
+    mig = gpu("node-a", "gpu-2-mig-1g-10gb-0", "MIG-2-0", "NVIDIA H100 80GB HBM3", "mig")
+    assert reg.get_sample_value("gpuslice_gpu_cores_allocated_percent", mig) is None
+    assert reg.get_sample_value("gpuslice_gpu_memory_allocated_bytes", mig) == 9856 * 1024**2
+
+
+def test_per_claim_rows_sum_a_claims_shares_on_one_device() -> None:
+    view = cluster()
+    two = t.claim(
+        "ml",
+        "two",
+        results=[
+            t.result("node-a", "gpu-1", "x", cores="10", memory="1Gi"),
+            t.result("node-a", "gpu-1", "y", cores="5", memory="2Gi"),
+        ],
+    )
+    view.apply("ResourceClaim", "ADDED", two)
+    reg = registry(Source(view))
+
+    def claim(ns: str, name: str, node: str, device: str) -> dict[str, str]:
+        return {"namespace": ns, "claim": name, "node": node, "device": device}
+
+    assert (
+        reg.get_sample_value("gpuslice_claim_cores_percent", claim("ml", "a", "node-a", "gpu-0"))
+        == 30
+    )
+    assert (
+        reg.get_sample_value("gpuslice_claim_memory_bytes", claim("ml", "a", "node-a", "gpu-0"))
+        == 20 * GIB
+    )
+    assert (
+        reg.get_sample_value("gpuslice_claim_cores_percent", claim("ml", "two", "node-a", "gpu-1"))
+        == 15
+    )
+    assert (
+        reg.get_sample_value("gpuslice_claim_memory_bytes", claim("ml", "two", "node-a", "gpu-1"))
+        == 3 * GIB
+    )
+    whole = claim("web", "whole", "node-b", "gpu-0")
+    assert reg.get_sample_value("gpuslice_claim_cores_percent", whole) == 100
+    mig = claim("ml", "m", "node-a", "gpu-2-mig-1g-10gb-0")
+    assert reg.get_sample_value("gpuslice_claim_cores_percent", mig) is None
+    assert reg.get_sample_value("gpuslice_claim_memory_bytes", mig) == 9856 * 1024**2
+    text = generate_latest(reg).decode()
+    assert 'claim="pending"' not in text
+
+
+def test_a_deleted_claim_or_gpu_leaves_the_next_scrape() -> None:
+    view = cluster()
+    source = Source(view)
+    reg = registry(source)
+    a = {"namespace": "ml", "claim": "a", "node": "node-a", "device": "gpu-0"}
+    assert reg.get_sample_value("gpuslice_claim_memory_bytes", a) == 20 * GIB
+    view.apply("ResourceClaim", "DELETED", t.claim("ml", "a"))
+    view.apply("ResourceSlice", "DELETED", t.resource_slice("node-b", []))
+    assert reg.get_sample_value("gpuslice_claim_memory_bytes", a) is None
+    a0 = gpu("node-a", "gpu-0", UUID0, "NVIDIA H100 80GB HBM3")
+    assert reg.get_sample_value("gpuslice_gpu_cores_allocated_percent", a0) == 50
+    gpu_lines = [
+        line for line in generate_latest(reg).decode().splitlines() if "gpuslice_gpu_" in line
+    ]
+    assert not [line for line in gpu_lines if "node-b" in line]
+    # A claim still allocated on a device that is no longer published keeps its row.
+    whole = {"namespace": "web", "claim": "whole", "node": "node-b", "device": "gpu-0"}
+    assert reg.get_sample_value("gpuslice_claim_cores_percent", whole) is None
+    assert reg.get_sample_value("gpuslice_claim_memory_bytes", whole) == 0
+
+
+def test_until_synced_only_the_view_counters_are_given() -> None:
+    source = Source(cluster(), synced=False)
+    reg = registry(source)
+    text = generate_latest(reg).decode()
+    assert "gpuslice_gpu_" not in text and "gpuslice_claim_" not in text
+    assert reg.get_sample_value("gpuslice_view_synced") == 0
+    assert reg.get_sample_value("gpuslice_view_events_total", {"kind": "ResourceClaim"}) == 5
+    assert source.reads == 0
+    source.synced.set()
+    assert reg.get_sample_value("gpuslice_view_synced") == 1
+    assert "gpuslice_gpu_memory_total_bytes" in generate_latest(reg).decode()
+
+
+def test_one_read_of_the_view_per_scrape() -> None:
+    source = Source(cluster())
+    generate_latest(registry(source))
+    assert source.reads == 1
