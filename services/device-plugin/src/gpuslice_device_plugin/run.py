@@ -77,7 +77,7 @@ def _container_metrics(
     metrics: Metrics,
 ) -> None:
     """Register the per-container collector (docs/device-plugin.md, "Per-container metrics")."""
-    if not args.pod_resources_socket:
+    if not args.pod_resources_socket or not args.metrics_addr:
         return
     gpu_memory = {g.index: g.memory_total_bytes for g in nvml.gpus()}
     mig_memory = {
