@@ -618,6 +618,11 @@ def test_device_plugin_daemonset_runs_on_device_plugin_nodes_only(
     assert args.config_file == "/etc/gpuslice/device-plugin/config.yaml"
     assert args.device_id_strategy == "index" and args.mig_strategy is None
     assert args.nvml == backend
+    # per-container metrics: the kubelet's pod resources socket, read-only, and host PIDs
+    assert args.pod_resources_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
+    assert mounts["pod-resources"] == "/var/lib/kubelet/pod-resources"
+    assert volumes["pod-resources"]["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
+    assert spec["hostPID"] is True
 
     off = render(
         helm_bin, *sets("devicePlugin.enabled=false", "devicePlugin.metrics.enabled=false")
@@ -627,7 +632,14 @@ def test_device_plugin_daemonset_runs_on_device_plugin_nodes_only(
         render(helm_bin, *sets("devicePlugin.metrics.enabled=false")), "device-plugin"
     )
     assert env_of(quiet["device-plugin"])["METRICS_ADDR"] == ""
+    assert env_of(quiet["device-plugin"])["POD_RESOURCES_SOCKET"] == ""
     assert "ports" not in quiet["device-plugin"]
+    assert "pod-resources" not in {m["name"] for m in quiet["device-plugin"]["volumeMounts"]}
+    no_pods = render(helm_bin, *sets("devicePlugin.containerMetrics.enabled=false"))
+    assert "hostPID" not in pod_spec(no_pods, "device-plugin")
+    assert (
+        env_of(containers(no_pods, "device-plugin")["device-plugin"])["POD_RESOURCES_SOCKET"] == ""
+    )
 
 
 def pod_volumes(spec: Obj) -> dict[str, Obj]:

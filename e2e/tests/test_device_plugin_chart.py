@@ -124,6 +124,7 @@ def test_the_device_plugin_may_make_exactly_its_calls(
             {"group": "", "resource": "nodes", "verb": "patch"},
             {"group": "resource.k8s.io", "resource": "resourceslices", "verb": "list"},
             {"group": "", "resource": "events", "verb": "create", "namespace": "default"},
+            {"group": "", "resource": "pods", "verb": "list"},  # per-container metrics
         ]
         deny = [
             {"group": "", "resource": "nodes", "verb": "update"},
@@ -131,7 +132,9 @@ def test_the_device_plugin_may_make_exactly_its_calls(
             {"group": "resource.k8s.io", "resource": "resourceslices", "verb": "create"},
             {"group": "", "resource": "events", "verb": "create", "namespace": namespace},
             {"group": "", "resource": "configmaps", "verb": "get", "namespace": namespace},
-            {"group": "", "resource": "pods", "verb": "list"},
+            {"group": "", "resource": "pods", "verb": "get"},
+            {"group": "", "resource": "pods", "verb": "watch"},
+            {"group": "", "resource": "pods", "verb": "delete"},
         ]
         assert [a for a in grant if not allowed(kube, user, a)] == []
         assert [a for a in deny if allowed(kube, user, a)] == []

@@ -32,6 +32,7 @@ from gpuslice_device_plugin.config import (
     select_config,
 )
 from gpuslice_device_plugin.node import REFUSED_REASON, KubeNode, NodeInfo, refusal
+from gpuslice_device_plugin.podresources import DEFAULT_SOCKET as DEFAULT_POD_RESOURCES_SOCKET
 from gpuslice_nvml import add_nvml_arguments
 from gpuslice_nvml.health import add_health_arguments
 
@@ -206,6 +207,16 @@ def build_parser() -> EnvArgumentParser:
         env="METRICS_ADDR",
         default=":9404",
         help="HOST:PORT of the Prometheus /metrics endpoint; an empty value turns it off.",
+    )
+    p.add_flag(
+        "--pod-resources-socket",
+        env="POD_RESOURCES_SOCKET",
+        default=DEFAULT_POD_RESOURCES_SOCKET,
+        help=(
+            "The kubelet's pod resources socket (<kubelet root>/pod-resources/kubelet.sock):"
+            " which container holds which device, for the per-container gpuslice_container_gpu_*"
+            " metrics; an empty value turns those metrics off."
+        ),
     )
     p.add_flag(
         "--log-level", env="LOG_LEVEL", default="info", choices=LEVELS, help="Lowest level logged."

@@ -4,7 +4,10 @@
 - ``gpuslice_device_plugin_preferred_allocation_total{result}`` and ``..._duration_seconds``;
 - ``gpuslice_device_plugin_register_total{result}``: Register calls to the kubelet;
 - ``gpuslice_device_plugin_devices{resource,health}``: devices advertised, by health;
-- ``gpuslice_device_plugin_health_events_total{kind}``: NVML health events seen.
+- ``gpuslice_device_plugin_health_events_total{kind}``: NVML health events seen;
+- ``gpuslice_device_plugin_container_metrics_errors_total{source}``: scrapes of the
+  per-container metrics (:mod:`gpuslice_device_plugin.usage`) in which a source failed
+  (``podresources``, ``nvml``, ``apiserver``).
 """
 
 from __future__ import annotations
@@ -39,5 +42,11 @@ class Metrics:
             "gpuslice_device_plugin_health_events_total",
             "NVML health events seen, by kind.",
             ["kind"],
+            registry=self.registry,
+        )
+        self.container_errors = Counter(
+            "gpuslice_device_plugin_container_metrics_errors_total",
+            "Scrapes of the per-container metrics in which a source failed, by source.",
+            ["source"],
             registry=self.registry,
         )

@@ -47,6 +47,7 @@ SHARING_LABEL_PREFIX = "sharing.gpuslice.dev/"
 SHARING_ANNOTATION = "gpuslice.dev/device-plugin-sharing"
 COMPONENT = "gpuslice-device-plugin"
 REFUSED_REASON = "DevicePluginRefused"
+POD_LIST_DEADLINE = 5.0
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,16 @@ class KubeNode:
             field_selector=f"spec.nodeName={self.name},spec.driver={DRA_DRIVER}",
         )["items"]
         return [str(s["metadata"]["name"]) for s in items]
+
+    def pods(self) -> list[Obj]:
+        """This node's pods (``spec.nodeName=<node>``), for the per-container metrics: their
+        UIDs and container IDs, which the kubelet's pod resources API does not give. A short
+        deadline: a scrape must not hang on the API server."""
+        quick = RawApi(self.raw.api_client, deadline=POD_LIST_DEADLINE)
+        items: list[Obj] = quick.list(
+            resource_path("v1", "pods"), field_selector=f"spec.nodeName={self.name}"
+        )["items"]
+        return items
 
     def set_sharing(self, labels: dict[str, str], details: dict[str, Any]) -> None:
         current = self.raw.get(self.path).get("metadata", {}).get("labels") or {}

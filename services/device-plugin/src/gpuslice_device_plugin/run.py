@@ -16,7 +16,9 @@ from gpuslice_device_plugin.health import HealthTracker
 from gpuslice_device_plugin.metrics import Metrics
 from gpuslice_device_plugin.mps import EnforcerClient, ReplicaShare, setup_shares
 from gpuslice_device_plugin.node import KubeNode, sharing_state
+from gpuslice_device_plugin.podresources import PodResourcesClient
 from gpuslice_device_plugin.server import PluginManager
+from gpuslice_device_plugin.usage import ContainerCollector, Sources, device_limits
 from gpuslice_nvml import Nvml, NvmlError, nvml_from_args
 
 log = get_logger(__name__)
@@ -66,6 +68,38 @@ def _tell_node(
         log.error("cannot label the node with the sharing modes", error=str(exc))
 
 
+def _container_metrics(
+    args: argparse.Namespace,
+    nvml: Nvml,
+    resources: list[Resource],
+    shares: dict[str, ReplicaShare],
+    node: KubeNode | None,
+    metrics: Metrics,
+) -> None:
+    """Register the per-container collector (docs/device-plugin.md, "Per-container metrics")."""
+    if not args.pod_resources_socket or not args.metrics_addr:
+        return
+    gpu_memory = {g.index: g.memory_total_bytes for g in nvml.gpus()}
+    mig_memory = {
+        m.uuid: m.memory_bytes
+        for r in resources
+        for gpu in sorted({d.gpu_index for d in r.devices if d.gpu_instance_id is not None})
+        for m in nvml.mig_devices(gpu)
+    }
+    table = device_limits(resources, shares, gpu_memory, mig_memory)
+    client = PodResourcesClient(Path(args.pod_resources_socket), {r.name for r in resources})
+    sources = Sources(client.list, nvml, pods=node.pods if node is not None else None)
+    name = node.name if node is not None else (args.node_name or "")
+    metrics.registry.register(
+        ContainerCollector(
+            name,
+            sources,
+            table,
+            on_error=lambda source: metrics.container_errors.labels(source=source).inc(),
+        )
+    )
+
+
 def run(
     args: argparse.Namespace,
     settings: Settings,
@@ -99,6 +133,7 @@ def run(
         return 1
     _tell_node(node, resources, shares)
     metrics = Metrics()
+    _container_metrics(args, nvml, resources, shares, node, metrics)
     http = core_metrics.serve(args.metrics_addr, metrics.registry) if args.metrics_addr else None
     health = HealthTracker(
         nvml,
