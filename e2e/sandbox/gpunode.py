@@ -14,7 +14,7 @@ import contextlib
 import shutil
 import socket
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -135,6 +135,19 @@ def stop_gpu_node(node: GpuNode, kube: RawApi, *, keep: bool = False) -> None:
         print(f"GPU node {node.name}: kept {node.root} (plugin log {node.plugin.log})")
     else:
         shutil.rmtree(node.root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def running_gpu_node(
+    sandbox: ControlPlane, kube: RawApi, gpus: list[dict[str, Any]], *, devices: int
+) -> Iterator[GpuNode]:
+    """``start_gpu_node``, once its ``devices`` devices are published; stopped after."""
+    node = start_gpu_node(sandbox, gpus)
+    try:
+        wait_for(lambda: len(node.devices(kube)) == devices, 20, f"the node's {devices} devices")
+        yield node
+    finally:
+        stop_gpu_node(node, kube)
 
 
 def apply_device_classes(kube: RawApi) -> list[str]:

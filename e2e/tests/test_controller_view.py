@@ -28,10 +28,15 @@ from e2e.sandbox.gpunode import (
     GpuNode,
     claim_template,
     gpu_pod,
-    start_gpu_node,
-    stop_gpu_node,
+    running_gpu_node,
 )
-from e2e.sandbox.nodeagent.testing import unique, wait_for, wait_pod_gone, wait_pod_phase
+from e2e.sandbox.nodeagent.testing import (
+    temporary_namespace,
+    unique,
+    wait_for,
+    wait_pod_gone,
+    wait_pod_phase,
+)
 from e2e.tests.test_chart import helm_bin, render
 from gpuslice_kube.errors import KubeNotFoundError
 from gpuslice_kube.raw import Obj, RawApi, resource_path
@@ -80,22 +85,14 @@ class Controller:
 
 @pytest.fixture(scope="module")
 def node(sandbox: ControlPlane, kube: RawApi, device_classes: list[str]) -> Iterator[GpuNode]:
-    gpu_node = start_gpu_node(sandbox, [{"model": "H100", "count": 1}])
-    wait_for(lambda: len(gpu_node.devices(kube)) == 1, 20, "the node's GPU")
-    yield gpu_node
-    stop_gpu_node(gpu_node, kube)
+    with running_gpu_node(sandbox, kube, [{"model": "H100", "count": 1}], devices=1) as gpu_node:
+        yield gpu_node
 
 
 @pytest.fixture(scope="module")
 def ns(kube: RawApi, node: GpuNode) -> Iterator[str]:
-    name = unique("ctlview")
-    kube.create(
-        resource_path("v1", "namespaces"),
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
-    )
-    yield name
-    with contextlib.suppress(KubeNotFoundError):
-        kube.delete(resource_path("v1", "namespaces", name=name))
+    with temporary_namespace(kube, "ctlview") as name:
+        yield name
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ sandbox's kubeconfig. One node and one namespace serve the module; the tests run
 
 from __future__ import annotations
 
-import contextlib
 import json
 import subprocess
 import sys
@@ -23,18 +22,16 @@ from e2e.sandbox.gpunode import (
     claim_template,
     gpu_pod,
     on_gpu,
-    start_gpu_node,
-    stop_gpu_node,
+    running_gpu_node,
 )
 from e2e.sandbox.nodeagent.testing import (
     condition,
     get_pod,
-    unique,
+    temporary_namespace,
     wait_for,
     wait_pod_gone,
     wait_pod_phase,
 )
-from gpuslice_kube.errors import KubeNotFoundError
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 from gpuslice_view.feed import ViewFeeder
 from gpuslice_view.report import gpu_rows
@@ -54,22 +51,14 @@ ON_A100 = "device.attributes['gpu.gpuslice.dev'].productName == 'NVIDIA A100-SXM
 
 @pytest.fixture(scope="module")
 def node(sandbox: ControlPlane, kube: RawApi, device_classes: list[str]) -> Iterator[GpuNode]:
-    gpu_node = start_gpu_node(sandbox, NODE_GPUS)
-    wait_for(lambda: len(gpu_node.devices(kube)) == 3, 20, "the node's 3 devices")
-    yield gpu_node
-    stop_gpu_node(gpu_node, kube)
+    with running_gpu_node(sandbox, kube, NODE_GPUS, devices=3) as gpu_node:
+        yield gpu_node
 
 
 @pytest.fixture(scope="module")
 def ns(kube: RawApi, node: GpuNode) -> Iterator[str]:
-    name = unique("view")
-    kube.create(
-        resource_path("v1", "namespaces"),
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
-    )
-    yield name
-    with contextlib.suppress(KubeNotFoundError):
-        kube.delete(resource_path("v1", "namespaces", name=name))
+    with temporary_namespace(kube, "view") as name:
+        yield name
 
 
 class Cli:

@@ -28,7 +28,7 @@ from e2e.sandbox.controlplane import ControlPlane
 from e2e.sandbox.nodeagent.agent import NodeAgent
 from e2e.sandbox.nodeagent.config import NodeConfig, Timings
 from e2e.sandbox.nodeagent.credentials import node_kubeconfig
-from e2e.sandbox.nodeagent.testing import condition, unique, wait_for
+from e2e.sandbox.nodeagent.testing import condition, temporary_namespace, unique, wait_for
 from gpuslice_kube.client import new_api_client
 from gpuslice_kube.errors import KubeNotFoundError
 from gpuslice_kube.raw import RawApi, resource_path
@@ -94,16 +94,8 @@ def kube(sandbox: ControlPlane) -> RawApi:
 
 @pytest.fixture
 def namespace(kube: RawApi) -> Iterator[str]:
-    name = unique("e2e")
-    kube.create(
-        resource_path("v1", "namespaces"),
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
-    )
-    try:
+    with temporary_namespace(kube, "e2e") as name:
         yield name
-    finally:
-        with contextlib.suppress(KubeNotFoundError):
-            kube.delete(resource_path("v1", "namespaces", name=name))
 
 
 @pytest.fixture

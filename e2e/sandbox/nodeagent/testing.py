@@ -3,7 +3,9 @@ conditions, the events of an object, unique names."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
+from collections.abc import Iterator
 from typing import TypeVar
 
 from gpuslice_core.testing import WaitTimeoutError as WaitTimeoutError  # re-exported
@@ -17,6 +19,21 @@ T = TypeVar("T")
 def unique(prefix: str) -> str:
     """A DNS-label-safe unique name."""
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+@contextlib.contextmanager
+def temporary_namespace(raw: RawApi, prefix: str) -> Iterator[str]:
+    """A new namespace named ``<prefix>-<random>``, deleted (with what is in it) after."""
+    name = unique(prefix)
+    raw.create(
+        resource_path("v1", "namespaces"),
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+    )
+    try:
+        yield name
+    finally:
+        with contextlib.suppress(KubeNotFoundError):
+            raw.delete(resource_path("v1", "namespaces", name=name))
 
 
 def get_pod(raw: RawApi, namespace: str, name: str) -> Obj | None:
