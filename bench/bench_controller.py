@@ -35,16 +35,16 @@ import ssl
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
 import yaml
 
 from gpuslice_core import logging as gslog
+from gpuslice_core.testing import at_once
 from gpuslice_kube.client import new_api_client
 from gpuslice_kube.errors import KubeError
 from gpuslice_kube.raw import Obj, RawApi, resource_path
@@ -401,36 +401,6 @@ def _at_least(
     return times if len(times) >= count else None
 
 
-def burst(calls: Sequence[Callable[[], object]]) -> tuple[list[float], float]:
-    """Every call at once (one thread each); per-call latencies and the wall time."""
-    latencies: list[float] = []
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(len(calls) + 1)
-    lock = threading.Lock()
-
-    def run(call: Callable[[], object]) -> None:
-        barrier.wait()
-        start = time.perf_counter()
-        try:
-            call()
-        except Exception as exc:  # reported below, after every thread is done
-            errors.append(exc)
-        with lock:
-            latencies.append(time.perf_counter() - start)
-
-    threads = [threading.Thread(target=run, args=(c,)) for c in calls]
-    for t in threads:
-        t.start()
-    barrier.wait()
-    start = time.perf_counter()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - start
-    if errors:
-        raise RuntimeError(f"{len(errors)} of {len(calls)} creates failed: {errors[0]}")
-    return latencies, wall
-
-
 def bench_burst(
     kube: RawApi, ctl: Controller, hooked: str, plain: str, width: int, rounds: int
 ) -> None:
@@ -442,7 +412,7 @@ def bench_burst(
 
             make = _create_translated if ns == hooked else _create_untranslated
             calls = [partial(make, kube, path, f"b{r}-{i}") for i in range(width)]
-            latencies, wall = burst(calls)
+            latencies, wall = at_once(calls)
             print(
                 f"round {r + 1} {label:<10} wall {wall:6.2f} s  {width / wall:6.0f} pods/s  "
                 f"{fmt(latencies)}"

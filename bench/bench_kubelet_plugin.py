@@ -27,7 +27,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -37,6 +36,7 @@ from typing import Any
 import yaml
 
 from gpuslice_core import logging as gslog
+from gpuslice_core.testing import at_once
 from gpuslice_kube.client import new_api_client
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 from gpuslice_kubelet_plugin.checkpoint import ClaimRecord, DeviceRecord, PluginState, open_store
@@ -120,31 +120,6 @@ def apply_device_classes(kube: RawApi) -> None:
             kube.create(resource_path("resource.k8s.io/v1", "deviceclasses"), doc)
 
 
-def concurrent(
-    calls: list[Callable[[], None]],
-) -> tuple[list[float], float]:
-    """Run every call at once (one thread each); per-call latencies and the wall time."""
-    latencies: list[float] = []
-    barrier = threading.Barrier(len(calls) + 1)
-    lock = threading.Lock()
-
-    def run(call: Callable[[], None]) -> None:
-        barrier.wait()
-        start = time.perf_counter()
-        call()
-        with lock:
-            latencies.append(time.perf_counter() - start)
-
-    threads = [threading.Thread(target=run, args=(c,)) for c in calls]
-    for t in threads:
-        t.start()
-    barrier.wait()
-    start = time.perf_counter()
-    for t in threads:
-        t.join()
-    return latencies, time.perf_counter() - start
-
-
 def bench_calls(
     plugin: PluginProcess, claims: list[ClaimTuple], rounds: dict[int, int], title: str
 ) -> None:
@@ -178,10 +153,10 @@ def bench_calls(
 
                     return call
 
-                lat, wall = concurrent([prepare(i, c) for i, c in enumerate(batch)])
+                lat, wall = at_once([prepare(i, c) for i, c in enumerate(batch)])
                 prep += lat
                 prep_rate.append(width / wall)
-                lat, wall = concurrent([unprepare(i, c) for i, c in enumerate(batch)])
+                lat, wall = at_once([unprepare(i, c) for i, c in enumerate(batch)])
                 unprep += lat
                 unprep_rate.append(width / wall)
             rate = statistics.median(prep_rate)

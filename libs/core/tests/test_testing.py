@@ -2,11 +2,18 @@ from __future__ import annotations
 
 import signal
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
-from gpuslice_core.testing import ServiceExitedError, ServiceProcess, WaitTimeoutError, wait_for
+from gpuslice_core.testing import (
+    ServiceExitedError,
+    ServiceProcess,
+    WaitTimeoutError,
+    at_once,
+    wait_for,
+)
 
 
 def test_wait_for_returns_the_value_or_names_what_it_waited_for() -> None:
@@ -42,3 +49,20 @@ def test_ready_then_graceful_stop_or_kill9(tmp_path: Path) -> None:
     ).start(timeout=10)
     crashing.kill9()
     assert crashing.wait() == -signal.SIGKILL and not crashing.alive()
+
+
+def test_every_call_runs_together_and_is_timed() -> None:
+    inside = threading.Barrier(4, timeout=5)  # passes only if all four are running at once
+    latencies, wall = at_once([inside.wait] * 4)
+    assert len(latencies) == 4 and wall > 0
+
+
+def test_a_failed_call_fails_the_burst_after_all_are_done() -> None:
+    done: list[int] = []
+
+    def fails() -> None:
+        raise ValueError("boom")
+
+    with pytest.raises(RuntimeError, match="1 of 3 calls failed: boom"):
+        at_once([fails, lambda: done.append(1), lambda: done.append(2)])
+    assert sorted(done) == [1, 2]

@@ -4,6 +4,7 @@
 when it fails to come up), waits until it is ready, and stops it gracefully (SIGTERM) or as a
 crash would (SIGKILL). ``wait_for`` polls a condition with a deadline instead of sleeping and
 hoping. ``preserved_logging`` undoes what a service's ``main`` run in-process did to logging.
+``at_once`` starts calls together, as a burst of clients would, and times each.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import logging
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -21,6 +23,39 @@ from typing import Self, TypeVar
 import structlog
 
 T = TypeVar("T")
+
+
+def at_once(calls: Sequence[Callable[[], object]]) -> tuple[list[float], float]:
+    """Run every call at the same moment, one thread each (released by one barrier): the
+    per-call latencies and the wall time of the whole burst. Raises after every thread is done
+    if any call failed, naming how many and the first error."""
+    latencies: list[float] = []
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(len(calls) + 1)
+    lock = threading.Lock()
+
+    def run(call: Callable[[], object]) -> None:
+        barrier.wait()
+        start = time.perf_counter()
+        try:
+            call()
+        except Exception as exc:  # reported below, once every thread is done
+            with lock:
+                errors.append(exc)
+        with lock:
+            latencies.append(time.perf_counter() - start)
+
+    threads = [threading.Thread(target=run, args=(c,)) for c in calls]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    start = time.perf_counter()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    if errors:
+        raise RuntimeError(f"{len(errors)} of {len(calls)} calls failed: {errors[0]}")
+    return latencies, wall
 
 
 @contextlib.contextmanager
