@@ -30,6 +30,7 @@ from pathlib import Path
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from gpuslice_core.cgroupnames import names_pod
 from gpuslice_core.errors import GpusliceError
 from gpuslice_core.logging import get_logger
 from gpuslice_device_plugin.devices import Device, Resource
@@ -160,10 +161,6 @@ def pod_ids(pods: list[Obj]) -> dict[tuple[str, str], PodIds]:
     return out
 
 
-def _pod_markers(uid: str) -> tuple[str, str]:
-    return f"pod{uid}", f"pod{uid.replace('-', '_')}"
-
-
 def _container_in(cid: str, uid: str, paths: list[str]) -> bool:
     """The container ID, or its 12-character short form (runc's cgroup names), in a path with
     the pod's UID taken out (a short form must not match inside the UID)."""
@@ -191,7 +188,7 @@ def attribute(
     matched = []
     for u in candidates:
         ids = index.get((u.namespace, u.pod))
-        if ids and ids.uid and any(m in p for m in _pod_markers(ids.uid) for p in paths):
+        if ids and names_pod(paths, ids.uid):
             matched.append(u)
     if len(matched) > 1:  # one pod holds the device from several containers
         kept = []

@@ -36,12 +36,13 @@ from pathlib import Path
 
 import structlog
 
+from gpuslice_core.cgroupnames import names_pod
 from gpuslice_core.errors import GpusliceError
 from gpuslice_core.logging import get_logger
 from gpuslice_enforcer import cgroups as cg
 from gpuslice_enforcer.config import EnforcerConfig
 from gpuslice_enforcer.metrics import EnforcerMetrics
-from gpuslice_enforcer.state import Mechanism, PodRef, ShareRecord
+from gpuslice_enforcer.state import Mechanism, ShareRecord
 from gpuslice_enforcer.throttle import Bucket
 from gpuslice_enforcer.violations import Violation, ViolationBus
 from gpuslice_nvml import Nvml, NvmlError, ProcessInfo
@@ -139,15 +140,6 @@ class LiveProcesses:
     def close(self) -> None:
         for pid in list(self._fds):
             self.forget(pid)
-
-
-def pod_markers(pods: list[PodRef]) -> list[str]:
-    """How kubelets write a pod UID into cgroup paths (cgroupfs and systemd drivers)."""
-    markers = []
-    for pod in pods:
-        if pod.uid:
-            markers += [f"pod{pod.uid}", f"pod{pod.uid.replace('-', '_')}"]
-    return markers
 
 
 class Watchdog:
@@ -623,9 +615,5 @@ def match_share(groups: cg.ProcessCgroups, shares: list[ShareRecord]) -> ShareRe
     if best is not None:
         return best[1]
     paths = groups.paths()
-    candidates = [
-        share
-        for share in shares
-        if any(marker in path for marker in pod_markers(share.pods) for path in paths)
-    ]
+    candidates = [share for share in shares if any(names_pod(paths, p.uid) for p in share.pods)]
     return candidates[0] if len(candidates) == 1 else None
