@@ -84,7 +84,7 @@ def test_a_deallocated_or_deleted_claim_is_no_longer_answered(cache: ClaimCache)
 
 def test_after_unprepare_the_uid_waits_until_the_claim_left_the_pool(cache: ClaimCache) -> None:
     feed(cache, "ADDED", claim("c", "u1"))
-    cache.unprepared("u1")
+    cache.unprepared(ClaimRef("ns", "c", "u1"))
     # the allocation held now may be the one just unprepared: prepare reads the API
     assert cache.get(ClaimRef("ns", "c", "u1")) is None
     feed(cache, "MODIFIED", claim("c", "u1"))  # still the same allocation as far as we know

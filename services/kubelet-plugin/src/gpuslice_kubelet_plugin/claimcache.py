@@ -112,10 +112,11 @@ class ClaimCache:
             return None
         return claim
 
-    def unprepared(self, uid: str) -> None:
-        """This plugin unprepared ``uid``: do not answer it until it left the pool."""
+    def unprepared(self, ref: ClaimRef) -> None:
+        """This plugin unprepared ``ref``: do not answer its UID until it left the pool."""
         if self.reflector is None:
             return
         with self._lock:
-            if any((c.get("metadata") or {}).get("uid") == uid for c in self._claims.values()):
-                self._unprepared.add(uid)
+            claim = self._claims.get(f"{ref.namespace}/{ref.name}")
+            if claim is not None and (claim.get("metadata") or {}).get("uid") == ref.uid:
+                self._unprepared.add(ref.uid)

@@ -90,7 +90,7 @@ class DeviceState:
         read_claim: Callable[[ClaimRef], Obj],
         cdi: CdiWriter,
         cached_claim: Callable[[ClaimRef], Obj | None] = lambda _ref: None,
-        unprepared: Callable[[str], None] = lambda _uid: None,
+        unprepared: Callable[[ClaimRef], None] = lambda _ref: None,
         enforcer: Enforcer,
         mig: MigManager,
         metrics: PluginMetrics,
@@ -365,7 +365,7 @@ class DeviceState:
                 return
             self._teardown(record)
             self.committer.run(lambda s: self._drop(s, uid))
-        self.unprepared(uid)
+        self.unprepared(ClaimRef(record.namespace, record.name, uid))
         log.info("unprepared", devices=[d.device for d in record.devices])
 
     def _begin_unprepare(self, txn: Txn[PluginState], uid: str) -> ClaimRecord | None:
