@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any, TypeVar
 
@@ -18,19 +16,6 @@ from gpuslice_view.model import ClusterView
 
 pytestmark = pytest.mark.timeout(10)
 T = TypeVar("T")
-
-
-class Source:
-    def __init__(self, view: ClusterView) -> None:
-        self.view = view
-        self.synced = threading.Event()
-        self.synced.set()
-        self.events: dict[str, int] = {}
-        self.reads = 0
-
-    def read(self, fn: Callable[[ClusterView], T]) -> T:
-        self.reads += 1
-        return fn(self.view)
 
 
 def cluster() -> ClusterView:
@@ -59,14 +44,14 @@ class Allow(Authorizer):
 
 
 @pytest.fixture
-def source() -> Source:
+def source() -> t.FixedFeeder:
     view = cluster()
     pod = t.pod("ml", "waiting", claim="pending")
     pod["status"]["conditions"] = [
         {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/1"}
     ]
     view.apply("Pod", "ADDED", pod)
-    return Source(view)
+    return t.FixedFeeder(view)
 
 
 def get(api: ViewApi, path: str) -> tuple[HTTPStatus, Any]:
@@ -74,7 +59,7 @@ def get(api: ViewApi, path: str) -> tuple[HTTPStatus, Any]:
     return answer.status, json.loads(answer.body)
 
 
-def test_gpus_and_one_gpu_as_the_plugin_prints_them(source: Source) -> None:
+def test_gpus_and_one_gpu_as_the_plugin_prints_them(source: t.FixedFeeder) -> None:
     api = ViewApi(source, Allow())
     status, rows = get(api, "/view/gpus")
     assert status == HTTPStatus.OK and rows == report.gpu_rows(source.view)
@@ -87,7 +72,7 @@ def test_gpus_and_one_gpu_as_the_plugin_prints_them(source: Source) -> None:
     assert status == HTTPStatus.NOT_FOUND and "node-a" in error["error"]
 
 
-def test_claims_of_all_or_one_namespace(source: Source) -> None:
+def test_claims_of_all_or_one_namespace(source: t.FixedFeeder) -> None:
     api = ViewApi(source, Allow())
     _, rows = get(api, "/view/claims")
     assert rows == report.claim_rows(source.view, None)
@@ -95,7 +80,7 @@ def test_claims_of_all_or_one_namespace(source: Source) -> None:
     assert [r["name"] for r in web] == ["whole"]
 
 
-def test_why_a_pod_waits(source: Source) -> None:
+def test_why_a_pod_waits(source: t.FixedFeeder) -> None:
     api = ViewApi(source, Allow())
     status, why = get(api, "/view/why/ml/waiting")
     assert status == HTTPStatus.OK
@@ -105,7 +90,7 @@ def test_why_a_pod_waits(source: Source) -> None:
     assert get(api, "/view/other")[0] == HTTPStatus.NOT_FOUND
 
 
-def test_authorization_comes_first_then_sync(source: Source) -> None:
+def test_authorization_comes_first_then_sync(source: t.FixedFeeder) -> None:
     deny = Allow()
     deny.answer = Decision(HTTPStatus.FORBIDDEN, message="no")
     source.synced.clear()

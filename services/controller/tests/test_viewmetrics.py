@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from typing import TypeVar
 
 import pytest
@@ -18,20 +16,7 @@ T = TypeVar("T")
 GIB = 1024**3
 H100 = t.H100_MIB * 1024**2
 UUID0 = "GPU-00000000-aaaa"
-
-
-class Source:
-    def __init__(self, view: ClusterView, *, synced: bool = True) -> None:
-        self.view = view
-        self.synced = threading.Event()
-        if synced:
-            self.synced.set()
-        self.events = {"ResourceSlice": 2, "ResourceClaim": 5}
-        self.reads = 0
-
-    def read(self, fn: Callable[[ClusterView], T]) -> T:
-        self.reads += 1
-        return fn(self.view)
+EVENTS = {"ResourceSlice": 2, "ResourceClaim": 5}
 
 
 def cluster() -> ClusterView:
@@ -62,7 +47,7 @@ def cluster() -> ClusterView:
     )
 
 
-def registry(source: Source) -> CollectorRegistry:
+def registry(source: t.FixedFeeder) -> CollectorRegistry:
     reg = CollectorRegistry()
     reg.register(ViewCollector(source))
     return reg
@@ -73,7 +58,7 @@ def gpu(node: str, device: str, uuid: str, model: str, kind: str = "gpu") -> dic
 
 
 def test_per_gpu_rows_are_derived_from_the_view() -> None:
-    reg = registry(Source(cluster()))
+    reg = registry(t.FixedFeeder(cluster(), events=EVENTS))
     a0 = gpu("node-a", "gpu-0", UUID0, "NVIDIA H100 80GB HBM3")
     assert reg.get_sample_value("gpuslice_gpu_cores_allocated_percent", a0) == 80
     assert reg.get_sample_value("gpuslice_gpu_memory_allocated_bytes", a0) == 60 * GIB
@@ -103,7 +88,7 @@ def test_per_claim_rows_sum_a_claims_shares_on_one_device() -> None:
         ],
     )
     view.apply("ResourceClaim", "ADDED", two)
-    reg = registry(Source(view))
+    reg = registry(t.FixedFeeder(view, events=EVENTS))
 
     def claim(ns: str, name: str, node: str, device: str) -> dict[str, str]:
         return {"namespace": ns, "claim": name, "node": node, "device": device}
@@ -135,7 +120,7 @@ def test_per_claim_rows_sum_a_claims_shares_on_one_device() -> None:
 
 def test_a_deleted_claim_or_gpu_leaves_the_next_scrape() -> None:
     view = cluster()
-    source = Source(view)
+    source = t.FixedFeeder(view, events=EVENTS)
     reg = registry(source)
     a = {"namespace": "ml", "claim": "a", "node": "node-a", "device": "gpu-0"}
     assert reg.get_sample_value("gpuslice_claim_memory_bytes", a) == 20 * GIB
@@ -155,7 +140,7 @@ def test_a_deleted_claim_or_gpu_leaves_the_next_scrape() -> None:
 
 
 def test_until_synced_only_the_view_counters_are_given() -> None:
-    source = Source(cluster(), synced=False)
+    source = t.FixedFeeder(cluster(), synced=False, events=EVENTS)
     reg = registry(source)
     text = generate_latest(reg).decode()
     assert "gpuslice_gpu_" not in text and "gpuslice_claim_" not in text
@@ -168,6 +153,6 @@ def test_until_synced_only_the_view_counters_are_given() -> None:
 
 
 def test_one_read_of_the_view_per_scrape() -> None:
-    source = Source(cluster())
+    source = t.FixedFeeder(cluster(), events=EVENTS)
     generate_latest(registry(source))
     assert source.reads == 1

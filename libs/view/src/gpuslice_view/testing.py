@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from gpuslice_view.model import ClusterView
+
+T = TypeVar("T")
 
 Obj = dict[str, Any]
 DRIVER = "gpu.gpuslice.dev"
@@ -151,3 +157,26 @@ def pod(
         "spec": spec,
         "status": status,
     }
+
+
+class FixedFeeder:
+    """What the controller reads of a ``ViewFeeder`` (``synced``, ``events``, ``read``) over a
+    view built by hand; counts its reads."""
+
+    def __init__(
+        self,
+        view: ClusterView,
+        *,
+        synced: bool = True,
+        events: dict[str, int] | None = None,
+    ) -> None:
+        self.view = view
+        self.synced = threading.Event()
+        if synced:
+            self.synced.set()
+        self.events = dict(events or {})
+        self.reads = 0
+
+    def read(self, fn: Callable[[ClusterView], T]) -> T:
+        self.reads += 1
+        return fn(self.view)
