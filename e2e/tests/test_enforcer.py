@@ -7,7 +7,9 @@ real ``gpuslice-test-<random>`` cgroups.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -280,6 +282,42 @@ def test_hook_fails_the_container_when_the_limit_cannot_be_set(
     with pytest.raises(CreateContainerError, match=r"DEADLINE_EXCEEDED|UNAVAILABLE"):
         run_hooks("createContainer", hooks, _oci_state("ctr-3", boxed.pid))
     assert time.monotonic() - started < 10
+
+
+@needs_root
+@pytest.mark.timeout(60)
+def test_the_hook_attaches_through_grpc_when_the_enforcer_has_no_attach_socket(
+    make_node: Callable[[str], Path],
+    enforcers: list[EnforcerProcess],
+    cgroups: Cgroups,
+    workloads: list[Workload],
+) -> None:
+    """An enforcer older than the hook serves only gRPC: the hook falls back to it."""
+    config = make_node("570.158.01")
+    proc = _start(config, enforcers, "--mps=off")
+    fake = FakeNvml.from_config_file(config)
+    with proc.channel() as channel:
+        reply = proc.stub(channel).CreateShare(share_request("uid-old", fake.gpu(0).uuid))
+    attach_socket = proc.socket.with_name(proc.socket.name + ".attach")
+    assert attach_socket.is_socket()  # the fast path the hook takes otherwise
+    attach_socket.unlink()
+    workload = Workload(config, cgroup_dirs=cgroups.container())
+    workloads.append(workload)
+    attach, detach = _cdi_hooks(reply)
+    for hook, pid, said in ((attach, workload.pid, "attached ctr-old ("), (detach, 0, "detached ctr-old")):
+        ran = subprocess.run(
+            hook.args,
+            executable=hook.path,
+            input=json.dumps(_oci_state("ctr-old", pid)),
+            env={},
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert ran.returncode == 0, ran.stderr
+        assert ran.stdout.startswith(said)
+    assert not attach_socket.exists()
 
 
 @needs_root

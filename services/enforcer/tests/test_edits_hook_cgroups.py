@@ -1,14 +1,9 @@
-"""Container edits, the hook's input handling, cgroup parsing and process-to-share mapping."""
+"""Container edits, cgroup parsing and process-to-share mapping (the hook: test_hook.py)."""
 
 from __future__ import annotations
 
-import io
-import sys
 from pathlib import Path
 
-import pytest
-
-from gpuslice_enforcer import hook
 from gpuslice_enforcer.cgroups import CgroupView, Mount, read_mounts, within
 from gpuslice_enforcer.config import EnforcerConfig
 from gpuslice_enforcer.edits import container_edits
@@ -59,20 +54,6 @@ def test_edits_for_mps_and_no_hooks_without_enforcement() -> None:
         CONFIG, share(memory_mechanism=Mechanism.NONE, cores_mechanism=Mechanism.NONE)
     )
     assert off.hooks == []
-
-
-@pytest.mark.parametrize(
-    ("text", "error"),
-    [("", "Expecting value"), ("[]", "not a JSON object"), ('{"pid": 3}', "no container id")],
-)
-def test_hook_rejects_a_bad_oci_state(text: str, error: str) -> None:
-    with pytest.raises(ValueError, match=error):
-        hook.read_state(text)
-
-
-def test_hook_exits_2_on_bad_input(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sys, "stdin", io.StringIO('{"id": "c", "pid": 0}'))
-    assert hook.main(["attach", "--socket", "/nope", "--claim-uid", "u"]) == hook.EXIT_USAGE
 
 
 def test_read_mounts(tmp_path: Path) -> None:

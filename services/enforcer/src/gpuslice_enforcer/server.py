@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 from gpuslice_core.checkpoint import CheckpointStore
 from gpuslice_core.grpcserver import UnixGrpcServer
 from gpuslice_core.logging import get_logger
+from gpuslice_enforcer.attachsocket import AttachSocketServer, attach_socket_for
 from gpuslice_enforcer.cgroups import CgroupView
 from gpuslice_enforcer.config import EnforcerConfig
 from gpuslice_enforcer.metrics import EnforcerMetrics
@@ -81,11 +82,15 @@ class Enforcer:
             EnforcerServicer(self.shares, self.watchdog, self.bus, self.metrics),
             "gpuslice.v1.Enforcer",
         )
+        containers = ContainersServicer(self.shares, self.metrics)
         self.server.add(
             pb_grpc.add_EnforcerContainersServicer_to_server,
-            ContainersServicer(self.shares, self.metrics),
+            containers,
             "gpuslice.v1.EnforcerContainers",
         )
+        # The hook's fast entry to the same servicer; it starts first and stops last, so a hook
+        # that sees the gRPC socket finds this one too.
+        self.attach_socket = AttachSocketServer(attach_socket_for(config.socket), containers)
         self._stop = threading.Event()
         self._supervisor: threading.Thread | None = None
 
@@ -101,6 +106,7 @@ class Enforcer:
         self._supervisor = threading.Thread(target=self._supervise, name="mps-supervisor")
         self._supervisor.daemon = True
         self._supervisor.start()
+        self.attach_socket.start()
         self.server.start()
         log.info(
             "enforcer started",
@@ -119,6 +125,7 @@ class Enforcer:
 
     def stop(self, grace: float = 5.0) -> None:
         self.server.stop(grace)
+        self.attach_socket.stop()
         self._stop.set()
         if self._supervisor is not None:
             self._supervisor.join(timeout=5)

@@ -7,7 +7,7 @@ RPC -> domain call -> response, nothing else: errors are domain errors that
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import grpc
 import structlog
@@ -98,6 +98,13 @@ def limits_pb(share: ShareRecord) -> list[pb.LimitEnforcement]:
             reason=share.cores_reason,
         ),
     ]
+
+
+def limits_summary(limits: Iterable[pb.LimitEnforcement]) -> str:
+    """``MEMORY=MEMORY_PARTITION, CORES=WATCHDOG``: the hook prints it for the runtime's log."""
+    return ", ".join(
+        f"{pb.Resource.Name(lim.resource)}={pb.Mechanism.Name(lim.mechanism)}" for lim in limits
+    )
 
 
 def _pod_pb(pod: PodRef) -> pb.PodReference:
@@ -267,6 +274,16 @@ class ContainersServicer(pb_grpc.EnforcerContainersServicer):
     def AttachContainer(  # noqa: N802
         self, request: pb.AttachContainerRequest, context: grpc.ServicerContext
     ) -> pb.AttachContainerResponse:
+        return self.attach(request)
+
+    def DetachContainer(  # noqa: N802
+        self, request: pb.DetachContainerRequest, context: grpc.ServicerContext
+    ) -> pb.DetachContainerResponse:
+        return self.detach(request)
+
+    # The same calls for the attach socket (gpuslice_enforcer.attachsocket), which has no
+    # gRPC context.
+    def attach(self, request: pb.AttachContainerRequest) -> pb.AttachContainerResponse:
         with (
             rpc_context(claim_uid=request.claim_uid, container=request.container_id),
             self.metrics.attach.time(),
@@ -286,9 +303,7 @@ class ContainersServicer(pb_grpc.EnforcerContainersServicer):
             limits=limits_pb(result.share),
         )
 
-    def DetachContainer(  # noqa: N802
-        self, request: pb.DetachContainerRequest, context: grpc.ServicerContext
-    ) -> pb.DetachContainerResponse:
+    def detach(self, request: pb.DetachContainerRequest) -> pb.DetachContainerResponse:
         return pb.DetachContainerResponse(
             detached=self.shares.detach(request.claim_uid, request.container_id)
         )

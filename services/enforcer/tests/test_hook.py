@@ -1,0 +1,210 @@
+"""The CDI hook's fast path: its hand-written protobuf, its command line, and the attach socket
+(a real unix socket served by ``AttachSocketServer``) with a stand-in servicer."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuslice_core.errors import NotFoundError
+from gpuslice_enforcer import hook
+from gpuslice_enforcer.attachsocket import AttachSocketServer, attach_socket_for
+from gpuslice_enforcer.servicer import ContainersServicer
+from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
+
+CGROUP_LINES = [
+    "12:freezer:/kubepods/besteffort/pod0b7e/cri-containerd-" + "a" * 64,
+    "0::/kubepods.slice/kubepods-pod0b7e_1.slice/cri-containerd-" + "b" * 64 + ".scope",
+    "",
+]
+
+
+@pytest.mark.parametrize(
+    ("claim_uid", "share_id", "container_id", "pid", "lines"),
+    [
+        ("c1", "sh-1", "ctr", 42, CGROUP_LINES),
+        ("c1", "", "ctr", 4_194_304, []),  # no share id; a pid past two varint bytes
+        ("ü-claim", "sh", "ctr-é", 1, ["x" * 300]),  # non-ASCII; a length past one byte
+    ],
+)
+def test_the_hand_written_attach_request_is_the_protobuf_message(
+    claim_uid: str, share_id: str, container_id: str, pid: int, lines: list[str]
+) -> None:
+    expected = pb.AttachContainerRequest(
+        claim_uid=claim_uid,
+        share_id=share_id,
+        container_id=container_id,
+        pid=pid,
+        cgroup_lines=lines,
+    )
+    data = hook.attach_message(claim_uid, share_id, container_id, pid, lines)
+    assert data == expected.SerializeToString(deterministic=True)
+    assert pb.AttachContainerRequest.FromString(data) == expected
+
+
+def test_the_hand_written_detach_request_is_the_protobuf_message() -> None:
+    expected = pb.DetachContainerRequest(claim_uid="c1", container_id="ctr")
+    assert hook.detach_message("c1", "ctr") == expected.SerializeToString()
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (["attach", "--claim-uid", "u"], "--socket is required"),
+        (["attach", "--socket", "/s"], "--claim-uid is required"),
+        (["--socket", "/s", "--claim-uid", "u"], "the action"),
+        (["start", "--socket", "/s"], "'start': choose attach or detach"),
+        (["attach", "--socket", "/s", "--claim-uid", "u", "--pid", "3"], "unknown option --pid"),
+        (["attach", "--socket=/s", "--claim-uid=u", "--timeout=soon"], "not a number"),
+        (["attach", "--socket", "/s", "--claim-uid", "u", "--timeout", "0"], "more than 0"),
+        (["attach", "--socket"], "--socket needs a value"),
+    ],
+)
+def test_a_bad_command_line_is_named(argv: list[str], error: str) -> None:
+    with pytest.raises(hook.UsageError, match=error):
+        hook.Args(argv)
+
+
+def test_the_command_line_in_both_spellings() -> None:
+    args = hook.Args(["detach", "--socket=/s", "--claim-uid", "u", "--share-id=x", "--timeout=2"])
+    assert (args.action, args.socket, args.claim_uid, args.share_id) == ("detach", "/s", "u", "x")
+    assert args.timeout == 2.0
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"ociVersion": "1.2.0", "id": "c", "pid": 7, "status": "created", "bundle": "/b",'
+        ' "annotations": {"k": "v", "n": [1, 2.5, null, true, -0.0, "\\u00e9"]}}',
+        '  {"id": "c", "pid": 7}\n',
+    ],
+)
+def test_the_oci_state_reads_like_json_loads(text: str) -> None:
+    assert hook._load_json(text) == json.loads(text)
+    assert hook.read_state(text) == ("c", 7)
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("", "not JSON: Expecting value"),
+        ('{"id": "c", "pid": 7} trailing', "not JSON: Extra data"),
+        ("[]", "not a JSON object"),
+        ('{"pid": 3}', "no container id"),
+        ('{"id": "c", "pid": true}', "bad pid True"),
+        ('{"id": "c", "pid": -1}', "bad pid -1"),
+    ],
+)
+def test_a_bad_oci_state_is_refused(text: str, error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        hook.read_state(text)
+
+
+def test_main_exits_2_on_bad_input(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "stdin", io.StringIO('{"id": "c", "pid": 0}'))
+    assert hook.main(["attach", "--socket", "/nope", "--claim-uid", "u"]) == hook.EXIT_USAGE
+    assert hook.main(["attach", "--claim-uid", "u"]) == hook.EXIT_USAGE
+
+
+def test_the_attach_socket_follows_the_link_to_the_serving_enforcer(tmp_path: Path) -> None:
+    plain = tmp_path / "enforcer.sock"
+    assert hook.attach_socket_path(str(plain)) == f"{plain}.attach"
+    own = tmp_path / "enforcer-0b7e.sock"
+    plain.symlink_to(own.name)  # the chart's stable link, relative
+    assert hook.attach_socket_path(str(plain)) == f"{own}.attach"
+    assert hook.attach_socket_path(str(plain)) == str(attach_socket_for(own))
+    absolute = tmp_path / "abs.sock"
+    absolute.symlink_to(own)
+    assert hook.attach_socket_path(str(absolute)) == f"{own}.attach"
+
+
+# ---- the attach socket, served ------------------------------------------------------------
+class StandInServicer(ContainersServicer):
+    """Answers like the enforcer's servicer: known claims attach, others are NOT_FOUND."""
+
+    def __init__(self) -> None:
+        self.requests: list[pb.AttachContainerRequest] = []
+
+    def attach(self, request: pb.AttachContainerRequest) -> pb.AttachContainerResponse:
+        if request.claim_uid != "known":
+            raise NotFoundError(f"no share for claim {request.claim_uid}")
+        self.requests.append(request)
+        return pb.AttachContainerResponse(
+            attached=True,
+            cgroup_paths=["/sys/fs/cgroup/x"],
+            limits=[
+                pb.LimitEnforcement(resource=pb.RESOURCE_MEMORY, mechanism=pb.MECHANISM_WATCHDOG)
+            ],
+        )
+
+    def detach(self, request: pb.DetachContainerRequest) -> pb.DetachContainerResponse:
+        return pb.DetachContainerResponse(detached=request.claim_uid == "known")
+
+
+@pytest.fixture
+def grpc_socket() -> Iterator[Path]:
+    directory = Path(os.environ.get("TMPDIR", "/tmp")) / f"gs-hook-{os.getpid()}"
+    directory.mkdir(exist_ok=True)  # short: unix socket paths are limited to 107 bytes
+    try:
+        yield directory / "enforcer.sock"
+    finally:
+        for path in directory.iterdir():
+            path.unlink()
+        directory.rmdir()
+
+
+def _call(path: Path, message: bytes, method: int = hook.METHOD_ATTACH, within: float = 5) -> str:
+    return hook.call(str(path), method, message, time.monotonic() + within)
+
+
+def test_attach_and_detach_through_the_socket(grpc_socket: Path) -> None:
+    servicer = StandInServicer()
+    server = AttachSocketServer(attach_socket_for(grpc_socket), servicer)
+    server.start()
+    try:
+        message = hook.attach_message("known", "sh", "ctr-1", 42, CGROUP_LINES)
+        text = _call(grpc_socket, message)
+        limits = "RESOURCE_MEMORY=MECHANISM_WATCHDOG"
+        assert text == f"attached ctr-1 ({limits}) cgroups ['/sys/fs/cgroup/x']"
+        assert list(servicer.requests[0].cgroup_lines) == CGROUP_LINES
+        with pytest.raises(hook.HookError, match="NOT_FOUND: no share for claim other"):
+            _call(grpc_socket, hook.attach_message("other", "", "ctr-2", 42, []))
+        assert _call(grpc_socket, hook.detach_message("known", "ctr-1"), hook.METHOD_DETACH) == (
+            "detached ctr-1"
+        )
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:  # not the hook
+            raw.connect(str(attach_socket_for(grpc_socket)))
+            raw.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            reply = raw.recv(4096)
+        assert reply[0] == 3 and b"not a gpuslice hook request" in reply  # INVALID_ARGUMENT
+    finally:
+        server.stop()
+    assert not attach_socket_for(grpc_socket).exists()
+
+
+def test_the_hook_waits_for_an_enforcer_that_is_restarting(grpc_socket: Path) -> None:
+    server = AttachSocketServer(attach_socket_for(grpc_socket), StandInServicer())
+    starter = threading.Timer(0.3, server.start)
+    starter.start()
+    try:
+        text = _call(grpc_socket, hook.attach_message("known", "", "ctr", 1, []))
+        assert text.startswith("attached ctr")
+    finally:
+        starter.join()
+        server.stop()
+
+
+def test_the_hook_gives_up_at_its_deadline(grpc_socket: Path) -> None:
+    started = time.monotonic()
+    with pytest.raises(hook.HookError, match="UNAVAILABLE: no enforcer listened on"):
+        _call(grpc_socket, hook.attach_message("known", "", "ctr", 1, []), within=0.5)
+    assert time.monotonic() - started < 2
