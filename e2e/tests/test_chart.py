@@ -727,8 +727,10 @@ def _stand_in_enforcer(packages: Path, version: str) -> None:
     (hook / "__init__.py").write_text("")
     (hook / "hook.py").write_text(
         "import json, sys\n"
-        "print(json.dumps({'argv': sys.argv[1:], 'stdin': sys.stdin.read(),"
+        "def main():\n"
+        "    print(json.dumps({'argv': sys.argv[1:], 'stdin': sys.stdin.read(),"
         " 'prefix': sys.prefix, 'version': " + repr(version) + "}))\n"
+        "    return 0\n"
     )
     record = packages / "gpuslice_enforcer-0.1.0.dist-info" / "RECORD"
     record.parent.mkdir(exist_ok=True)
@@ -797,11 +799,13 @@ def test_node_setup_sweeps_dead_sockets_and_links_the_live_enforcer() -> None:
     try:
         a, b, dead = (run_dir / f"enforcer-{uuid.uuid4()}.sock" for _ in range(3))
         link = run_dir / "enforcer.sock"
-        with listener(dead):
+        dead_attach = dead.with_name(dead.name + ".attach")  # the enforcer's hook socket
+        with listener(dead), listener(dead_attach):
             pass  # closed without unlink: a pod killed with SIGKILL
         with listener(a), listener(b) as sock_b:
             assert run_setup({"SOCKET_DIR": str(run_dir)}).returncode == 0
-            assert not dead.exists() and a.exists() and b.exists()
+            assert not dead.exists() and not dead_attach.exists()
+            assert a.exists() and b.exists()
 
             def hook_socket(own: Path, action: str) -> None:
                 env = {"ENFORCER_SOCKET": str(own), "ENFORCER_HOOK_SOCKET": str(link)}

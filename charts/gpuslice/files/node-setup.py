@@ -15,10 +15,11 @@ does what the environment asks for, each step idempotent:
    gets a self-contained copy of this image's Python -- interpreter, libpython, stdlib, the
    image's site-packages and the shared libraries they load, except glibc's -- under
    ``releases/<content digest>/``, and ``bin/gpuslice-enforcer-hook`` becomes a small shell
-   wrapper that runs ``python -m gpuslice_enforcer.hook`` from it. The wrapper is replaced
-   atomically and the previous release is kept, so a hook that is running during an upgrade
-   finishes with the files it started with. Older releases are removed. HOOK_SITE_PACKAGES
-   names another site-packages to install from (the chart's tests use a stand-in package).
+   wrapper that runs ``gpuslice_enforcer.hook.main`` with it (``python -s -S -c``). The
+   wrapper is replaced atomically and the previous release is kept, so a hook that is running
+   during an upgrade finishes with the files it started with. Older releases are removed.
+   HOOK_SITE_PACKAGES names another site-packages to install from (the chart's tests use a
+   stand-in package).
 
 With the arguments ``hook-socket claim`` (the enforcer container's postStart) it points the
 stable link ENFORCER_HOOK_SOCKET (``enforcer.sock``, the path the CDI hook calls) at this pod's
@@ -44,7 +45,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
-SOCKET_PATTERN = re.compile(r"^(enforcer|mig-manager)-[0-9a-f-]{36}\.sock$")
+# per-pod sockets, and the enforcer's attach socket beside its gRPC one (``….sock.attach``)
+SOCKET_PATTERN = re.compile(r"^(enforcer|mig-manager)-[0-9a-f-]{36}\.sock(\.attach)?$")
 STDLIB_SKIP = {
     "site-packages",
     "test",
@@ -71,7 +73,9 @@ export PYTHONHOME="$R/python"
 export PYTHONNOUSERSITE=1
 # named, not left to site.py: a distribution's Python (Debian's) looks for dist-packages
 export PYTHONPATH="$R/python/lib/{version}/site-packages"
-exec "$R/python/bin/python3" -s -m gpuslice_enforcer.hook "$@"
+# -S: no site.py (PYTHONPATH names the packages); -c, not -m: runpy costs more than main()
+exec "$R/python/bin/python3" -s -S -c \\
+  'import sys; from gpuslice_enforcer.hook import main; sys.exit(main())' "$@"
 """
 
 
