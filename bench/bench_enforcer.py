@@ -6,7 +6,8 @@ asserts nothing. Needs root (cgroups).
 1. Watchdog CPU cost per sampled process: the enforcer process's CPU time (utime + stime from
    /proc) while it samples shares holding 0..N real processes every 100 ms.
 2. Reaction time: from a process's allocation past its share's memory limit to its death.
-3. Prepare to limits-in-force per mechanism: CreateShare, and the CDI hook attaching a container.
+3. Prepare to limits-in-force per mechanism: CreateShare, and the CDI hook attaching a container;
+   3b. the hook alone, as the chart installs it, as a console script, and through gRPC.
 4. SM throttling accuracy: achieved SM share (from the fake's runnable-time accounting) for
    several limits against a process that wants 90%.
 
@@ -18,11 +19,13 @@ over to a real node.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from gpuslice_enforcer.testing import (
@@ -189,11 +192,58 @@ def prepare_to_enforced(trials: int) -> None:
         print(
             f"   {label:<44} CreateShare first {creates[0] * 1e3:5.0f} ms, then median "
             f"{statistics.median(creates[1:]) * 1e3:5.0f} ms; hook median "
-            f"{statistics.median(hooks) * 1e3:5.0f} ms"
+            f"{statistics.median(hooks) * 1e3:5.1f} ms, max {max(hooks) * 1e3:5.1f} ms"
         )
 
 
 GIB_1 = 1 << 30
+HOOK_MAIN = "import sys; from gpuslice_enforcer.hook import main; sys.exit(main())"
+
+
+def hook_cost(trials: int) -> None:
+    print("\n3b. the CDI hook alone: createContainer -> limits in force (watchdog share)")
+    config = node("570.158.01")
+    proc = EnforcerProcess(config, config.parent, ["--mps=off", "--log-level=warning"]).start()
+    uuid = FakeNvml.from_config_file(config).gpu(0).uuid
+    attach_socket = proc.socket.with_name(proc.socket.name + ".attach")
+    aside = attach_socket.with_name(attach_socket.name + ".aside")
+    # the chart's wrapper names the packages in PYTHONPATH and runs python -s -S -c (node-setup)
+    packages = os.pathsep.join(p for p in sys.path if p and Path(p).is_dir())
+    try:
+        with proc.channel() as channel, Cgroups() as groups:
+            reply = proc.stub(channel).CreateShare(share_request("bench-hook", uuid))
+            args = list(hook_of(reply).args)
+            workload = Workload(config, cgroup_dirs=groups.container())
+            variants = [
+                (
+                    "as the chart installs it (python -s -S -c)",
+                    [sys.executable, "-s", "-S", "-c", HOOK_MAIN, *args[1:]],
+                    {"PYTHONPATH": packages},
+                ),
+                ("console script (site.py)", args, {}),
+                ("gRPC fallback (enforcer without the attach socket)", args, {}),
+            ]
+            for index, (label, command, env) in enumerate(variants):
+                if "fallback" in label:
+                    attach_socket.rename(aside)  # still listening, under another name
+                times = []
+                for trial in range(trials + 1):
+                    state = json.dumps({"id": f"ctr-{index}-{trial}", "pid": workload.pid})
+                    start = time.perf_counter()
+                    subprocess.run(
+                        command, input=state.encode(), env=env, check=True, capture_output=True
+                    )
+                    times.append(time.perf_counter() - start)
+                times = sorted(times[1:])  # the first run may compile bytecode
+                print(
+                    f"   {label:<52} median {statistics.median(times) * 1e3:5.1f} ms, "
+                    f"p90 {times[int(len(times) * 0.9) - 1] * 1e3:5.1f} ms, "
+                    f"max {times[-1] * 1e3:5.1f} ms ({trials} runs)"
+                )
+            aside.rename(attach_socket)
+            workload.stop()
+    finally:
+        proc.stop()
 
 
 def accuracy(seconds: float) -> None:
@@ -228,19 +278,29 @@ def accuracy(seconds: float) -> None:
         proc.stop()
 
 
+SECTIONS: dict[str, Callable[[argparse.Namespace], None]] = {
+    "watchdog": lambda args: watchdog_cost(args.seconds),
+    "reaction": lambda args: reaction(args.trials),
+    "prepare": lambda args: prepare_to_enforced(args.trials),
+    "hook": lambda args: hook_cost(max(args.trials, 20)),
+    "accuracy": lambda args: accuracy(args.seconds),
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=5.0, help="Measuring window.")
     parser.add_argument("--trials", type=int, default=5, help="Trials per timing.")
+    parser.add_argument(
+        "--only", choices=sorted(SECTIONS), action="append", help="Run only these sections."
+    )
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench_enforcer needs root (it creates cgroups)")
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
     try:
-        watchdog_cost(args.seconds)
-        reaction(args.trials)
-        prepare_to_enforced(args.trials)
-        accuracy(args.seconds)
+        for name in args.only or SECTIONS:
+            SECTIONS[name](args)
     finally:
         for directory in CREATED:
             remove_tree(directory)
