@@ -304,7 +304,10 @@ def test_the_hook_attaches_through_grpc_when_the_enforcer_has_no_attach_socket(
     workload = Workload(config, cgroup_dirs=cgroups.container())
     workloads.append(workload)
     attach, detach = _cdi_hooks(reply)
-    for hook, pid, said in ((attach, workload.pid, "attached ctr-old ("), (detach, 0, "detached ctr-old")):
+    for hook, pid, said in (
+        (attach, workload.pid, "attached ctr-old ("),
+        (detach, 0, "detached ctr-old"),
+    ):
         ran = subprocess.run(
             hook.args,
             executable=hook.path,
