@@ -313,8 +313,16 @@ def test_components_and_options_can_be_switched(helm_bin: Path) -> None:
     assert [r["metadata"]["name"] for r in find(off, "Role")] == ["gpuslice-node-gpuslice-events"]
     assert not find(off, "Service")
     assert [p["metadata"]["name"] for p in find(off, "ValidatingAdmissionPolicy")] == [
+        "gpuslice-node-resourceslices",
+        "gpuslice-node-device-plugin-nodes",  # the device plugin's own Node only
+    ]
+    no_dp = render(helm_bin, *sets("devicePlugin.enabled=false", "migManager.enabled=false"))
+    assert [p["metadata"]["name"] for p in find(no_dp, "ValidatingAdmissionPolicy")] == [
         "gpuslice-node-resourceslices"
     ]
+    assert not find(
+        render(helm_bin, *sets("rbac.nodeScopedPolicies=false")), "ValidatingAdmissionPolicy"
+    )
 
     sidecars_only = render(helm_bin, "--set", "kubeletPlugin.enabled=false")
     assert [c["name"] for c in pod_spec(sidecars_only)["containers"]] == ["pause"]
@@ -1119,6 +1127,56 @@ def test_installed_policies_confine_the_node_pods_to_their_own_node(
         for s in kube.list(slices, field_selector=f"spec.nodeName={node_a}")["items"]:
             with contextlib.suppress(KubeNotFoundError):
                 kube.delete(resource_path(RESOURCE, "resourceslices", name=s["metadata"]["name"]))
+
+
+def test_installed_policy_confines_the_device_plugin_to_its_own_node(
+    sandbox: ControlPlane, kube: RawApi, namespace: str, installed: tuple[str, str]
+) -> None:
+    """The device plugin's ServiceAccount (RBAC: patch any Node) may change only its own
+    Node's sharing labels and annotation. The node name comes as the extra
+    authentication.kubernetes.io/node-name, impersonated here as the other policy tests do
+    (a bound token of a pod on that node carries the same extra)."""
+    release, _ = installed
+    user = f"system:serviceaccount:{namespace}:{release}-gpuslice-device-plugin"
+    node_a, node_b = unique("dp-node"), unique("dp-node")
+    for node in (node_a, node_b):
+        kube.create(
+            resource_path("v1", "nodes"),
+            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}},
+        )
+    as_a = impersonating(sandbox, user, node_a)
+    own = {
+        "metadata": {
+            "labels": {"sharing.gpuslice.dev/gpu": "time-slicing"},
+            "annotations": {"gpuslice.dev/device-plugin-sharing": "{}"},
+        }
+    }
+    path_a, path_b = (resource_path("v1", "nodes", name=n) for n in (node_a, node_b))
+    try:
+        message = wait_for(
+            lambda: refused(lambda: as_a.patch(path_b, own), lambda _: None),
+            15,
+            "the device plugin's Node policy to refuse another node",
+        )
+        assert f"device plugin on node '{node_a}' may not change Node '{node_b}'" in message
+        as_a.patch(path_a, own)  # what the plugin writes on its own Node
+        labels = kube.get(path_a)["metadata"]["labels"]
+        assert labels["sharing.gpuslice.dev/gpu"] == "time-slicing"
+        as_a.patch(path_a, {"metadata": {"labels": {"sharing.gpuslice.dev/gpu": None}}})
+        with pytest.raises(KubeError, match=re.escape("only the labels sharing.gpuslice.dev/*")):
+            as_a.patch(path_a, {"metadata": {"labels": {"gpuslice.dev/mode": "dra"}}})
+        with pytest.raises(
+            KubeError, match=re.escape("only the annotation gpuslice.dev/device-plugin")
+        ):
+            as_a.patch(path_a, {"metadata": {"annotations": {"team": "x"}}})
+        with pytest.raises(KubeError, match="may not change the spec"):
+            as_a.patch(path_a, {"spec": {"unschedulable": True}})
+        with pytest.raises(KubeError, match=re.escape(f"may not change Node '{node_a}'")):
+            impersonating(sandbox, user, None).patch(path_a, own)  # no node in the token
+    finally:
+        for node in (node_a, node_b):
+            with contextlib.suppress(KubeNotFoundError):
+                kube.delete(resource_path("v1", "nodes", name=node))
 
 
 @pytest.mark.parametrize(

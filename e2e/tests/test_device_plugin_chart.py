@@ -122,6 +122,7 @@ def test_the_device_plugin_may_make_exactly_its_calls(
         grant = [
             {"group": "", "resource": "nodes", "verb": "get"},
             {"group": "", "resource": "nodes", "verb": "patch"},
+            {"group": "", "resource": "nodes", "verb": "watch"},  # the config label: live reload
             {"group": "resource.k8s.io", "resource": "resourceslices", "verb": "list"},
             {"group": "", "resource": "events", "verb": "create", "namespace": "default"},
             {"group": "", "resource": "pods", "verb": "list"},  # per-container metrics

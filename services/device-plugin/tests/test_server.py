@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import queue
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,34 +17,13 @@ from gpuslice_device_plugin.devices import discover
 from gpuslice_device_plugin.health import HealthTracker
 from gpuslice_device_plugin.metrics import Metrics
 from gpuslice_device_plugin.server import PluginManager
-from gpuslice_device_plugin.testing import H100X8_NVLINK, settings
+from gpuslice_device_plugin.testing import H100X8_NVLINK, Kubelet, settings
 from gpuslice_nvml import HealthEvent, HealthEventKind, Nvml
 from gpuslice_protos.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from gpuslice_protos.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.timeout(30)
 Factory = Callable[[dict[str, Any]], Nvml]
-
-
-class Kubelet(pb_grpc.RegistrationServicer):
-    def __init__(self, directory: Path) -> None:
-        self.dir = directory
-        self.requests: queue.Queue[pb.RegisterRequest] = queue.Queue()
-        self.server: UnixGrpcServer | None = None
-
-    def start(self) -> Kubelet:
-        self.server = UnixGrpcServer([self.dir / "kubelet.sock"], name="kubelet")
-        self.server.add(pb_grpc.add_RegistrationServicer_to_server, self, "v1beta1.Registration")
-        self.server.start()
-        return self
-
-    def stop(self) -> None:
-        if self.server is not None:
-            self.server.stop(0.1)
-
-    def Register(self, request: pb.RegisterRequest, context: Any) -> pb.Empty:
-        self.requests.put(request)
-        return pb.Empty()
 
 
 @pytest.fixture

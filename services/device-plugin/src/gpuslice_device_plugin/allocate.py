@@ -8,7 +8,10 @@ The response carries, per ``deviceListStrategy``:
 - ``volume-mounts``: ``NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices`` and one
   ``/dev/null`` mount per device under that directory;
 - ``cdi-annotations``: annotation ``cdi.k8s.io/gpuslice-device-plugin_<resource>`` whose value
-  lists the CDI names ``nvidia.com/gpu=<uuid|index>`` (the NVIDIA Container Toolkit's spec);
+  lists the CDI names of the devices: those of the plugin's own spec
+  (``k8s.gpu.gpuslice.dev/device-plugin-gpu=node-<UUID>``, :mod:`cdispec`) plus
+  ``NVIDIA_VISIBLE_DEVICES`` as env, or with ``--cdi-spec=toolkit`` the NVIDIA Container
+  Toolkit's ``nvidia.com/gpu=<uuid|index>``;
 - ``cdi-cri``: the same names as ``cdi_devices``;
 - ``passDeviceSpecs``: device nodes ``/dev/nvidiactl``, ``/dev/nvidia-uvm``,
   ``/dev/nvidia-uvm-tools`` and ``/dev/nvidia<minor>`` per GPU.
@@ -110,17 +113,27 @@ def container_response(
     list_strategies: Sequence[str],
     id_strategy: str,
     pass_device_specs: bool,
+    cdi_ids: dict[str, list[str]] | None = None,
 ) -> pb.ContainerAllocateResponse:
+    """``cdi_ids``: GPU/MIG UUID → the CDI ids of the plugin's own spec (None: the toolkit's
+    names). With our spec the CDI strategies also set ``NVIDIA_VISIBLE_DEVICES``: the spec's
+    devices cannot (a runtime keeps one value per variable name, so the last device of a
+    two-GPU container would win), the response names all of the container's devices."""
     names = list(dict.fromkeys(d.uuid if id_strategy == "uuid" else d.index for d in devices))
+    cdi_strategy = any(s.startswith("cdi-") for s in list_strategies)
     out = pb.ContainerAllocateResponse()
-    if "envvar" in list_strategies:
+    if "envvar" in list_strategies or (cdi_strategy and cdi_ids is not None):
         out.envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(names)
     if "volume-mounts" in list_strategies:
         out.envs["NVIDIA_VISIBLE_DEVICES"] = VOLUME_MOUNT_DIR
         out.mounts.extend(
             pb.Mount(host_path="/dev/null", container_path=f"{VOLUME_MOUNT_DIR}/{n}") for n in names
         )
-    cdi_names = [f"{CDI_KIND}={n}" for n in names]
+    if cdi_ids is None:
+        cdi_names = [f"{CDI_KIND}={n}" for n in names]
+    else:
+        uuids = dict.fromkeys(d.uuid for d in devices)
+        cdi_names = list(dict.fromkeys(i for u in uuids for i in cdi_ids[u]))
     if "cdi-annotations" in list_strategies:
         key = f"{CDI_ANNOTATION_PREFIX}gpuslice-device-plugin_{resource.name.split('/', 1)[1]}"
         out.annotations[key] = ",".join(cdi_names)

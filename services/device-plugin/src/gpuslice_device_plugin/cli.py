@@ -9,12 +9,9 @@ the help text names.
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-import threading
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 
 from gpuslice_api.nodemode import EXIT_REFUSED
 from gpuslice_core.cli import EnvArgumentParser, parse_bool
@@ -22,17 +19,11 @@ from gpuslice_core.errors import GpusliceError
 from gpuslice_core.grpcserver import check_health
 from gpuslice_core.logging import LEVELS, configure, get_logger
 from gpuslice_device_plugin import __version__
-from gpuslice_device_plugin.config import (
-    ID_STRATEGIES,
-    MIG_STRATEGIES,
-    ConfigError,
-    ConfigFile,
-    load_config_file,
-    resolve,
-    select_config,
-)
-from gpuslice_device_plugin.node import REFUSED_REASON, KubeNode, NodeInfo, refusal
+from gpuslice_device_plugin.cdispec import SPEC_MODES
+from gpuslice_device_plugin.config import ID_STRATEGIES, MIG_STRATEGIES, ConfigError
+from gpuslice_device_plugin.node import REFUSED_REASON, KubeNode, refusal
 from gpuslice_device_plugin.podresources import DEFAULT_SOCKET as DEFAULT_POD_RESOURCES_SOCKET
+from gpuslice_device_plugin.reload import Control, load_settings
 from gpuslice_nvml import add_nvml_arguments
 from gpuslice_nvml.health import add_health_arguments
 
@@ -47,6 +38,16 @@ def _bool(value: str) -> bool:
         return parse_bool(value, name="value")
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if seconds < 0:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds >= 0")
+    return seconds
 
 
 def build_parser() -> EnvArgumentParser:
@@ -135,6 +136,17 @@ def build_parser() -> EnvArgumentParser:
         ),
     )
     p.add_flag(
+        "--config-poll-interval",
+        env="CONFIG_POLL_INTERVAL",
+        type=_seconds,
+        default=2.0,
+        help=(
+            "Seconds between checks of the config file or directory for a changed content,"
+            " which is then reloaded live (the node label is watched, and SIGHUP reloads at"
+            " once); 0 turns the polling off."
+        ),
+    )
+    p.add_flag(
         "--enforcer-socket",
         env="ENFORCER_SOCKET",
         help=(
@@ -147,8 +159,21 @@ def build_parser() -> EnvArgumentParser:
         env="CDI_ROOT",
         default="/var/run/cdi",
         help=(
-            "Directory where the plugin writes the CDI specs of MPS replicas (the runtime's CDI"
+            "Directory where the plugin writes its CDI specs: the GPUs and MIG devices for the"
+            " cdi-annotations and cdi-cri strategies, and the MPS replicas (the runtime's CDI"
             " spec directory)."
+        ),
+    )
+    p.add_flag(
+        "--cdi-spec",
+        env="CDI_SPEC",
+        default="gpuslice",
+        choices=SPEC_MODES,
+        help=(
+            "Whose CDI devices the cdi-* strategies name: gpuslice (the plugin's own spec,"
+            " k8s.gpu.gpuslice.dev/device-plugin-gpu=node-<UUID>), toolkit (the NVIDIA Container"
+            " Toolkit's nvidia.com/gpu=<ID>, whose spec must be on the node) or both (ours plus"
+            " the toolkit's by UUID, for its driver libraries)."
         ),
     )
     p.add_flag(
@@ -229,39 +254,6 @@ def probe(directory: Path) -> int:
     return 0 if sockets and all(check_health(s) for s in sockets) else 1
 
 
-def _wait_for_stop() -> int:
-    done = threading.Event()
-    received: list[int] = []
-
-    def handler(signum: int, _frame: FrameType | None) -> None:
-        received.append(signum)
-        done.set()
-
-    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
-        signal.signal(s, handler)
-    done.wait()
-    return received[0]
-
-
-def _config(args: argparse.Namespace, node: NodeInfo | None) -> tuple[ConfigFile | None, str]:
-    """The config file this node uses and its name ("" for --config-file or none)."""
-    if args.config_file and args.config_dir:
-        raise ConfigError("--config-file and --config-dir: give one of them, not both")
-    if not args.config_dir:
-        return (load_config_file(args.config_file) if args.config_file else None), ""
-    assert node is not None  # main() reads the Node whenever --config-dir is given
-    selected = select_config(
-        args.config_dir,
-        label=args.config_label,
-        label_value=node.labels.get(args.config_label),
-        default=args.default_config,
-    )
-    for problem in selected.broken:
-        log.warning("a config of another node does not decode", error=problem)
-    log.info("config selected", config=selected.name, why=selected.why)
-    return selected.config, selected.name
-
-
 def _node(args: argparse.Namespace) -> KubeNode | None:
     if not args.node_name:
         if args.mode_check or args.config_dir:
@@ -292,13 +284,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 node.event("Warning", REFUSED_REASON, reason)
                 print(f"{PROG}: refusing to start: {reason}", file=sys.stderr)
                 return EXIT_REFUSED
-        file, name = _config(args, info)
-        settings = resolve(args, file, config_name=name)
-        if settings.mps.resources and not args.enforcer_socket:
-            raise ConfigError(
-                "sharing.mps needs the gpuslice enforcer, which holds the replicas' limits:"
-                " set --enforcer-socket (ENFORCER_SOCKET)"
-            )
+        labels = info.labels if info is not None else None
+        settings = load_settings(args, labels)
     except ConfigError as exc:
         log.error("invalid configuration", error=str(exc))
         print(f"{PROG}: {exc}", file=sys.stderr)
@@ -309,7 +296,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     from gpuslice_device_plugin.run import run
 
-    return run(args, settings, node, _wait_for_stop)
+    control = Control()
+    control.install_signals()
+    return run(args, settings, node, control, labels)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,19 @@
-"""Start-up and shutdown: NVML, discovery, health, topology, servers, metrics."""
+"""Start-up, live reload and shutdown: NVML, discovery, health, topology, CDI spec, servers,
+metrics. The main thread serves until a stop signal and runs the reloads that the watchers
+(:mod:`reload`) and SIGHUP ask for, one at a time."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from gpuslice_core import metrics as core_metrics
 from gpuslice_core.errors import GpusliceError
 from gpuslice_core.logging import get_logger
 from gpuslice_device_plugin.allocate import Topology, container_response
+from gpuslice_device_plugin.cdispec import write_spec
 from gpuslice_device_plugin.config import Settings
 from gpuslice_device_plugin.devices import Resource, discover, unknown_shared_resources
 from gpuslice_device_plugin.health import HealthTracker
@@ -17,8 +21,14 @@ from gpuslice_device_plugin.metrics import Metrics
 from gpuslice_device_plugin.mps import EnforcerClient, ReplicaShare, setup_shares
 from gpuslice_device_plugin.node import KubeNode, sharing_state
 from gpuslice_device_plugin.podresources import PodResourcesClient
+from gpuslice_device_plugin.reload import Control, Watchers, load_settings
 from gpuslice_device_plugin.server import PluginManager
-from gpuslice_device_plugin.usage import ContainerCollector, Sources, device_limits
+from gpuslice_device_plugin.usage import (
+    ContainerCollector,
+    DeviceLimits,
+    Sources,
+    device_limits,
+)
 from gpuslice_nvml import Nvml, NvmlError, nvml_from_args
 
 log = get_logger(__name__)
@@ -37,6 +47,8 @@ def _init(args: argparse.Namespace, settings: Settings) -> tuple[Nvml, list[Reso
 def _mps_shares(
     args: argparse.Namespace, settings: Settings, nvml: Nvml, resources: list[Resource]
 ) -> dict[str, ReplicaShare]:
+    """The enforcer's share of every MPS replica (idempotent; shares of another configuration
+    are released)."""
     if not any(r.sharing == "mps" for r in resources):
         return {}
     visibility = {
@@ -75,10 +87,26 @@ def _container_metrics(
     shares: dict[str, ReplicaShare],
     node: KubeNode | None,
     metrics: Metrics,
-) -> None:
+) -> tuple[ContainerCollector, PodResourcesClient] | None:
     """Register the per-container collector (docs/device-plugin.md, "Per-container metrics")."""
     if not args.pod_resources_socket or not args.metrics_addr:
-        return
+        return None
+    client = PodResourcesClient(Path(args.pod_resources_socket), {r.name for r in resources})
+    sources = Sources(client.list, nvml, pods=node.pods if node is not None else None)
+    name = node.name if node is not None else (args.node_name or "")
+    collector = ContainerCollector(
+        name,
+        sources,
+        _device_table(nvml, resources, shares),
+        on_error=lambda source: metrics.container_errors.labels(source=source).inc(),
+    )
+    metrics.registry.register(collector)
+    return collector, client
+
+
+def _device_table(
+    nvml: Nvml, resources: list[Resource], shares: dict[str, ReplicaShare]
+) -> dict[tuple[str, str], DeviceLimits]:
     gpu_memory = {g.index: g.memory_total_bytes for g in nvml.gpus()}
     mig_memory = {
         m.uuid: m.memory_bytes
@@ -86,25 +114,105 @@ def _container_metrics(
         for gpu in sorted({d.gpu_index for d in r.devices if d.gpu_instance_id is not None})
         for m in nvml.mig_devices(gpu)
     }
-    table = device_limits(resources, shares, gpu_memory, mig_memory)
-    client = PodResourcesClient(Path(args.pod_resources_socket), {r.name for r in resources})
-    sources = Sources(client.list, nvml, pods=node.pods if node is not None else None)
-    name = node.name if node is not None else (args.node_name or "")
-    metrics.registry.register(
-        ContainerCollector(
-            name,
-            sources,
-            table,
-            on_error=lambda source: metrics.container_errors.labels(source=source).inc(),
+    return device_limits(resources, shares, gpu_memory, mig_memory)
+
+
+@dataclass
+class Plugin:
+    """The running configuration and what a reload swaps."""
+
+    args: argparse.Namespace
+    nvml: Nvml
+    node: KubeNode | None
+    settings: Settings
+    resources: list[Resource]
+    shares: dict[str, ReplicaShare]
+    manager: PluginManager
+    #: The per-container metrics' collector and pod resources client (None: metrics off).
+    collector: tuple[ContainerCollector, PodResourcesClient] | None
+    watchers: Watchers
+
+    def reload(self, reasons: list[str]) -> bool:
+        """Re-read, validate and apply; False when nothing changed or the config was refused
+        (the running one keeps serving)."""
+        labels, digest = self.watchers.snapshot()
+        forced = "SIGHUP" in reasons
+        if digest == self.watchers.seen and not forced:
+            return False
+        self.watchers.handled(digest)
+        t0 = time.monotonic()
+        log.info("reloading the configuration", why=reasons)
+        try:
+            settings = load_settings(self.args, labels if self.args.config_dir else None)
+            resources = discover(self.nvml, settings)
+        except (GpusliceError, NvmlError) as exc:
+            self._refuse(exc)
+            return False
+        if settings == self.settings and resources == self.resources and not forced:
+            log.info("configuration unchanged", config=settings.config_name or None)
+            return False
+        try:
+            shares = _mps_shares(self.args, settings, self.nvml, resources)
+            cdi_ids = write_spec(self.nvml, Path(self.args.cdi_root), mode=self.args.cdi_spec)
+        except (GpusliceError, OSError) as exc:
+            self._refuse(exc)
+            self._restore_shares()
+            return False
+        for name in unknown_shared_resources(resources, settings):
+            log.warning("a sharing entry names a resource this node does not have", resource=name)
+        changed = self.manager.update(resources, settings, shares, cdi_ids)
+        self.settings, self.resources, self.shares = settings, resources, shares
+        if self.collector is not None:
+            collector, client = self.collector
+            collector.table = _device_table(self.nvml, resources, shares)
+            client.resources = {r.name for r in resources}
+        _tell_node(self.node, resources, shares)
+        summary = {r.name: len(r.devices) for r in resources}
+        log.info(
+            "configuration reloaded",
+            config=settings.config_name or None,
+            resources=summary,
+            restarted=changed,
+            seconds=round(time.monotonic() - t0, 3),
         )
-    )
+        if self.node is not None:
+            self.node.event(
+                "Normal",
+                RELOADED_REASON,
+                f"device plugin config {settings.config_name or self.args.config_file or '(flags)'}"
+                f" applied: {', '.join(f'{k}={v}' for k, v in summary.items())}",
+            )
+        return True
+
+    def _refuse(self, exc: Exception) -> None:
+        log.error("config change refused; the previous config keeps serving", error=str(exc))
+        if self.node is not None:
+            self.node.event(
+                "Warning",
+                REFUSED_CONFIG_REASON,
+                f"new device plugin config refused, the previous one"
+                f" ({self.settings.config_name or 'unnamed'}) keeps serving: {exc}",
+            )
+
+    def _restore_shares(self) -> None:
+        """An MPS change the enforcer refused half way: ask again for the running config's
+        shares (idempotent), so its replicas stay enforced."""
+        try:
+            self.shares = _mps_shares(self.args, self.settings, self.nvml, self.resources)
+        except GpusliceError as exc:
+            log.error("cannot restore the MPS shares of the running config", error=str(exc))
+
+
+REFUSED_CONFIG_REASON = "DevicePluginConfigRefused"
+RELOADED_REASON = "DevicePluginConfigReloaded"
 
 
 def run(
     args: argparse.Namespace,
     settings: Settings,
     node: KubeNode | None,
-    wait_for_stop: Callable[[], int],
+    control: Control,
+    labels: dict[str, str] | None = None,
 ) -> int:
     try:
         nvml, resources = _init(args, settings)
@@ -116,24 +224,25 @@ def run(
             "initialization failed; failOnInitError is false, so waiting without devices",
             error=str(exc),
         )
-        wait_for_stop()
+        control.wait_for_stop()
         return 0
     for name in unknown_shared_resources(resources, settings):
         log.warning("a sharing entry names a resource this node does not have", resource=name)
     if not resources:
         log.warning("no devices found; waiting indefinitely")
         nvml.close()
-        wait_for_stop()
+        control.wait_for_stop()
         return 0
     try:
         shares = _mps_shares(args, settings, nvml, resources)
-    except GpusliceError as exc:
-        log.error("sharing.mps: the replicas cannot be enforced", error=str(exc))
+        cdi_ids = write_spec(nvml, Path(args.cdi_root), mode=args.cdi_spec)
+    except (GpusliceError, OSError) as exc:
+        log.error("cannot set up the devices' CDI specs or MPS shares", error=str(exc))
         nvml.close()
         return 1
     _tell_node(node, resources, shares)
     metrics = Metrics()
-    _container_metrics(args, nvml, resources, shares, node, metrics)
+    collector = _container_metrics(args, nvml, resources, shares, node, metrics)
     http = core_metrics.serve(args.metrics_addr, metrics.registry) if args.metrics_addr else None
     health = HealthTracker(
         nvml,
@@ -143,7 +252,7 @@ def run(
         recovery=args.health_recovery,
         on_event=lambda kind: metrics.health_events.labels(kind=kind).inc(),
     )
-    gpus = sorted({d.gpu_index for r in resources for d in r.devices})
+    gpus = sorted({g.index for g in nvml.gpus()})
     topology = Topology.from_nvml(nvml, gpus)
     manager = PluginManager(
         Path(args.device_plugins_dir),
@@ -154,7 +263,16 @@ def run(
         metrics,
         shared_policy=args.shared_allocation_policy,
         shares=shares,
+        cdi_ids=cdi_ids,
     )
+    watchers = Watchers(
+        args,
+        control,
+        node.raw if node is not None else None,
+        labels,
+        poll_interval=args.config_poll_interval,
+    )
+    plugin = Plugin(args, nvml, node, settings, resources, shares, manager, collector, watchers)
     log.info(
         "starting",
         resources={r.name: len(r.devices) for r in resources},
@@ -167,9 +285,18 @@ def run(
     health.start()
     try:
         manager.start()
-        signum = wait_for_stop()
-        log.info("stopping", signal=signum)
+        watchers.start()
+        while True:
+            signum, reasons = control.next()
+            if signum is not None:
+                log.info("stopping", signal=signum)
+                break
+            try:
+                plugin.reload(reasons)
+            except Exception:  # a bug in a reload must not take down what serves
+                log.exception("reload failed; the previous config keeps serving")
     finally:
+        watchers.stop()
         manager.stop()
         health.stop()
         if http is not None:

@@ -8,6 +8,10 @@ started again on a fresh socket and registered again — well within a second. A
 ours that vanished is served and registered again too. A Register that fails is retried with
 backoff up to 5 s. Stop ends the ListAndWatch streams and removes only our own sockets (an
 inode check keeps a successor's socket in place).
+
+A new configuration (:meth:`PluginManager.update`, the live reload) restarts and registers
+again only the resources whose device list changed, starts new ones and stops the ones that
+are gone; a resource whose devices stay gets the new settings in place, without a restart.
 """
 
 from __future__ import annotations
@@ -69,6 +73,8 @@ class PluginManager:
     metrics: Metrics
     shared_policy: str = "distributed"
     shares: dict[str, ReplicaShare] = field(default_factory=dict)
+    #: GPU/MIG UUID → the CDI ids Allocate names for it (None: the toolkit's names).
+    cdi_ids: dict[str, list[str]] | None = None
     register_timeout: float = 10.0
     endpoints: list[Endpoint] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -115,6 +121,7 @@ class PluginManager:
             self.metrics,
             shared_policy=self.shared_policy,
             shares=self.shares,
+            cdi_ids=self.cdi_ids,
         )
 
     def _serve(self, ep: Endpoint) -> None:
@@ -135,6 +142,41 @@ class PluginManager:
         if ep.server is not None:
             ep.server.stop(grace)
             ep.server = None
+
+    def update(
+        self,
+        resources: list[Resource],
+        settings: Settings,
+        shares: dict[str, ReplicaShare],
+        cdi_ids: dict[str, list[str]] | None,
+    ) -> list[str]:
+        """Switch to a new configuration; returns the resources that were (re)started or
+        stopped. Unchanged resources keep serving (their servicer takes the new settings)."""
+        changed: list[str] = []
+        with self._lock:
+            self.settings, self.shares, self.cdi_ids = settings, shares, cdi_ids
+            wanted = {r.name: r for r in resources}
+            for gone in [ep for ep in self.endpoints if ep.resource.name not in wanted]:
+                log.info("resource no longer offered; stopping it", resource=gone.resource.name)
+                self._stop_server(gone, grace=2.0)
+                self.endpoints.remove(gone)
+                changed.append(gone.resource.name)
+            have = {ep.resource.name: ep for ep in self.endpoints}
+            for resource in resources:
+                found = have.get(resource.name)
+                if found is not None and found.resource == resource:
+                    found.servicer.settings, found.servicer.shares = settings, shares
+                    found.servicer.cdi_ids = cdi_ids
+                    continue
+                ep = found or Endpoint(resource, self._servicer(resource))
+                if found is None:
+                    self.endpoints.append(ep)
+                ep.resource = resource
+                self._serve(ep)  # a fresh socket; the kubelet sees the new devices at Register
+                changed.append(resource.name)
+            self.resources = list(resources)
+            self._register_due()
+        return changed
 
     # ---- registration ----------------------------------------------------------------------
     def register(self, ep: Endpoint) -> None:

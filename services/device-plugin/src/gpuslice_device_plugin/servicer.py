@@ -46,6 +46,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         *,
         shared_policy: str = "distributed",
         shares: dict[str, ReplicaShare] | None = None,
+        cdi_ids: dict[str, list[str]] | None = None,
     ) -> None:
         self.resource = resource
         self.settings = settings
@@ -54,6 +55,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self.metrics = metrics
         self.shared_policy = shared_policy
         self.shares = shares or {}
+        self.cdi_ids = cdi_ids
         self.stopped = threading.Event()
 
     def stop(self) -> None:
@@ -132,6 +134,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                     list_strategies=self.settings.device_list_strategies,
                     id_strategy=self.settings.device_id_strategy,
                     pass_device_specs=self.settings.pass_device_specs,
+                    cdi_ids=self.cdi_ids,
                 )
                 if self.resource.sharing == "mps":  # one device: failRequestsGreaterThanOne
                     share = self.shares[devices[0].id]

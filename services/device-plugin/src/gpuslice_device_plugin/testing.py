@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import queue
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from gpuslice_core.grpcserver import UnixGrpcServer
 from gpuslice_device_plugin.cli import build_parser
 from gpuslice_device_plugin.config import ConfigFile, Settings, parse_config, resolve
+from gpuslice_protos.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
+from gpuslice_protos.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 
 #: 8 H100s; GPUs 0-3 NVLinked all-to-all, 4-7 too; 4-7 on NUMA node 1.
 H100X8_NVLINK: dict[str, Any] = {
@@ -47,3 +51,27 @@ def settings(config: str = "", *argv: str) -> Settings:
     args: argparse.Namespace = build_parser().parse_args(list(argv))
     file: ConfigFile | None = parse_config(config) if config else None
     return resolve(args, file)
+
+
+class Kubelet(pb_grpc.RegistrationServicer):
+    """A stand-in kubelet Registration service on ``<dir>/kubelet.sock`` that queues every
+    RegisterRequest."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.requests: queue.Queue[pb.RegisterRequest] = queue.Queue()
+        self.server: UnixGrpcServer | None = None
+
+    def start(self) -> Kubelet:
+        self.server = UnixGrpcServer([self.dir / "kubelet.sock"], name="kubelet")
+        self.server.add(pb_grpc.add_RegistrationServicer_to_server, self, "v1beta1.Registration")
+        self.server.start()
+        return self
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop(0.1)
+
+    def Register(self, request: pb.RegisterRequest, context: Any) -> pb.Empty:  # noqa: N802
+        self.requests.put(request)
+        return pb.Empty()
