@@ -5,6 +5,7 @@ saw every object and every update.
 
     .venv/bin/python bench/bench_view.py [--nodes 1000] [--gpus 8] [--claims-per-gpu 2]
                                          [--updates 4000] [--threads 16]
+    .venv/bin/python bench/bench_view.py --live 200 [--live-shares 32]   (3. only)
 
 Every GPU is an H100-like device of our driver in one ResourceSlice per node; every claim
 asks for a share (cores and memory) and carries an allocation result with consumedCapacity,
@@ -245,6 +246,65 @@ def updates(kube: RawApi, args: argparse.Namespace, child: Child, total_claims: 
         )
 
 
+def live_usage(endpoints: int, shares: int) -> None:
+    """3. Live usage: ``endpoints`` enforcer stand-ins on loopback, each serving the metrics text
+    the enforcer's own registry writes for ``shares`` shares; ``LivePoller.poll_once`` over
+    all of them (8 workers, as in the controller), three rounds."""
+    from concurrent.futures import ThreadPoolExecutor
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+    from gpuslice_view.live import LivePoller, Target
+
+    registry = CollectorRegistry()
+    labels = ["claim_uid", "namespace", "claim", "device"]
+    gauges = [
+        Gauge(f"gpuslice_enforcer_share_{n}", n, labels, registry=registry)
+        for n in ("memory_used_bytes", "memory_limit_bytes", "sm_percent", "sm_limit_percent")
+    ]
+    for i in range(shares):
+        for g in gauges:
+            g.labels(f"uid-{i}", "ns", f"claim-{i}", f"GPU-{i % 8}").set(i)
+    body = generate_latest(registry)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    servers = [ThreadingHTTPServer(("127.0.0.1", 0), Handler) for _ in range(endpoints)]
+    pool = ThreadPoolExecutor(max_workers=endpoints)
+    for server in servers:
+        pool.submit(server.serve_forever)
+    targets = [
+        Target(f"node-{i}", f"http://127.0.0.1:{s.server_address[1]}/metrics")
+        for i, s in enumerate(servers)
+    ]
+    poller = LivePoller(lambda: targets, lambda _: None, interval=15, timeout=2)
+    print(f"\n3. live usage: {endpoints} enforcers x {shares} shares ({len(body)} bytes each)")
+    try:
+        for _ in range(3):
+            wall, cpu = time.perf_counter(), time.process_time()
+            got = poller.poll_once()
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            ok = sum(1 for n in got.values() if not n.error)
+            print(
+                f"   one round: {wall:.2f} s wall, {cpu:.2f} s CPU (servers included), "
+                f"{1000 * cpu / endpoints:.2f} ms CPU per enforcer; {ok}/{endpoints} answered"
+            )
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+        pool.shutdown()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--nodes", type=int, default=1000)
@@ -253,9 +313,16 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=4000)
     parser.add_argument("--threads", type=int, default=16)
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--live", type=int, default=0, help="only the live-usage scrape of N enforcers"
+    )
+    parser.add_argument("--live-shares", type=int, default=32, help="shares per enforcer")
     args = parser.parse_args()
     if args.child:
         child(args.child)
+        return
+    if args.live:
+        live_usage(args.live, args.live_shares)
         return
     gslog.configure(component="bench", level="warning", json=True)
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")

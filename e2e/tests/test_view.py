@@ -144,7 +144,7 @@ def test_top_describe_and_claims_follow_create_and_delete(
 
     listed = cli.run("claims", "-A")
     [mine] = [line.split() for line in listed.splitlines() if line.startswith(ns)]
-    assert mine[2:] == ["Allocated", f"{node.name}/0", "30%", "20Gi", "share"]
+    assert mine[2:] == ["Allocated", f"{node.name}/0", "30%", "20Gi", "-", "-", "share"]
 
     delete_pods(kube, ns, "share")
     wait_for(lambda: rows(cli, node)["gpu-0"]["allocations"] == [], 30, "gpu-0 free in the view")

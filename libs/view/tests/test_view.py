@@ -60,12 +60,12 @@ def cluster() -> ClusterView:
 def test_top_gpus_rows_show_allocated_cores_and_memory_per_device() -> None:
     text = report.gpu_table(report.gpu_rows(cluster()))
     assert text.splitlines() == [
-        "NODE     DEVICE                MODEL                   CORES%   MEMORY          MEMORY%   CLAIMS   STATUS",  # noqa: E501 - a table row
-        "node-a   gpu-0                 NVIDIA H100 80GB HBM3   80%      60Gi/79.6Gi     75%       2        Ready",  # noqa: E501 - a table row
-        "node-a   gpu-1                 NVIDIA H100 80GB HBM3   0%       0Gi/79.6Gi      0%        0        Ready",  # noqa: E501 - a table row
-        "node-a   gpu-2-mig-1g-10gb-0   MIG 1g.10gb             -        0Gi/9.8Gi       0%        0        Ready",  # noqa: E501 - a table row
-        "node-a   gpu-2-mig-3g-40gb-4   MIG 3g.40gb             -        39.5Gi/39.5Gi   100%      1        Ready",  # noqa: E501 - a table row
-        "node-b   gpu-0                 NVIDIA L4               100%     22.5Gi/22.5Gi   100%      1        Ready",  # noqa: E501 - a table row
+        "NODE     DEVICE                MODEL                   CORES%   MEMORY          MEMORY%   SM-USED   MEM-USED   CLAIMS   STATUS",  # noqa: E501 - a table row
+        "node-a   gpu-0                 NVIDIA H100 80GB HBM3   80%      60Gi/79.6Gi     75%       -         -          2        Ready",  # noqa: E501 - a table row
+        "node-a   gpu-1                 NVIDIA H100 80GB HBM3   0%       0Gi/79.6Gi      0%        -         -          0        Ready",  # noqa: E501 - a table row
+        "node-a   gpu-2-mig-1g-10gb-0   MIG 1g.10gb             -        0Gi/9.8Gi       0%        -         -          0        Ready",  # noqa: E501 - a table row
+        "node-a   gpu-2-mig-3g-40gb-4   MIG 3g.40gb             -        39.5Gi/39.5Gi   100%      -         -          1        Ready",  # noqa: E501 - a table row
+        "node-b   gpu-0                 NVIDIA L4               100%     22.5Gi/22.5Gi   100%      -         -          1        Ready",  # noqa: E501 - a table row
     ]
 
 
@@ -140,7 +140,7 @@ def test_describe_lists_taints_and_allocations() -> None:
     assert "Memory:     60Gi of 79.6Gi allocated (75%)" in text
     assert "Status:     Cordoned" in text
     assert "  gpu.gpuslice.dev/cordon:NoSchedule  (DeviceTaintRule c0)" in text
-    assert "ml/a    gpu       30%     20Gi     pa" in text
+    assert "ml/a    gpu       30%     20Gi     -         -          pa" in text
 
 
 def test_status_shows_cordons_and_health_taints() -> None:
@@ -163,8 +163,8 @@ def test_claims_table_per_namespace_and_all() -> None:
     view = cluster()
     one = report.claim_table(report.claim_rows(view, "web"), all_namespaces=False)
     assert one.splitlines() == [
-        "NAME    STATE       DEVICES    CORES   MEMORY   PODS",
-        "whole   Allocated   node-b/0   100%    22.5Gi   w",
+        "NAME    STATE       DEVICES    CORES   MEMORY   SM-USED   MEM-USED   PODS",
+        "whole   Allocated   node-b/0   100%    22.5Gi   -         -          w",
     ]
     every = report.claim_rows(view, None)
     assert [(r["namespace"], r["name"], r["state"]) for r in every] == [
@@ -175,7 +175,7 @@ def test_claims_table_per_namespace_and_all() -> None:
         ("web", "whole", "Allocated"),
     ]
     table = report.claim_table(every, all_namespaces=True)
-    assert table.splitlines()[4].split() == ["ml", "pending", "Pending", "-", "-", "-", "-"]
+    assert table.splitlines()[4].split() == ["ml", "pending", "Pending", *["-"] * 6]
 
 
 def test_references_by_uuid_index_and_device_name() -> None:

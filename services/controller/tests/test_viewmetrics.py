@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import TypeVar
 
 import pytest
@@ -9,6 +10,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from gpuslice_controller.viewmetrics import ViewCollector
 from gpuslice_view import testing as t
+from gpuslice_view.live import NodeLive, ShareLive
 from gpuslice_view.model import ClusterView
 
 pytestmark = pytest.mark.timeout(10)
@@ -156,3 +158,26 @@ def test_one_read_of_the_view_per_scrape() -> None:
     source = t.FixedFeeder(cluster(), events=EVENTS)
     generate_latest(registry(source))
     assert source.reads == 1
+
+
+def test_live_usage_rows_only_while_the_enforcers_figures_are_current() -> None:
+    view = cluster()
+    now = time.time()
+    view.live = {
+        "node-a": NodeLive("node-a", "u", now, {("ml", "a", UUID0): ShareLive(3 * GIB, 0, 25)}),
+        "node-b": NodeLive("node-b", "u", now, error="timed out"),
+    }
+    reg = registry(t.FixedFeeder(view, events=EVENTS))
+    a0 = gpu("node-a", "gpu-0", UUID0, "NVIDIA H100 80GB HBM3")
+    assert reg.get_sample_value("gpuslice_gpu_memory_used_bytes", a0) == 3 * GIB
+    assert reg.get_sample_value("gpuslice_gpu_sm_used_percent", a0) == 25
+    a = {"namespace": "ml", "claim": "a", "node": "node-a", "device": "gpu-0"}
+    assert reg.get_sample_value("gpuslice_claim_memory_used_bytes", a) == 3 * GIB
+    assert reg.get_sample_value("gpuslice_claim_sm_used_percent", a) == 25
+    b = {"namespace": "ml", "claim": "b", "node": "node-a", "device": "gpu-0"}
+    assert reg.get_sample_value("gpuslice_claim_memory_used_bytes", b) is None  # not measured
+    b0 = gpu("node-b", "gpu-0", UUID0, "NVIDIA L4")
+    assert reg.get_sample_value("gpuslice_gpu_memory_used_bytes", b0) is None  # unreachable
+    up = "gpuslice_view_usage_up"
+    assert reg.get_sample_value(up, {"node": "node-a", "state": "ok"}) == 1
+    assert reg.get_sample_value(up, {"node": "node-b", "state": "unreachable"}) == 0

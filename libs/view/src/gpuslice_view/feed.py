@@ -22,6 +22,7 @@ from gpuslice_core.logging import get_logger
 from gpuslice_kube.discovery import RESOURCE_GROUP
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 from gpuslice_kube.reflector import Reflector, metadata_only
+from gpuslice_view.live import NodeLive
 from gpuslice_view.model import ClusterView
 from gpuslice_view.objects import DRIVER
 from gpuslice_view.source import resource_version, taint_rule_version
@@ -103,6 +104,11 @@ class ViewFeeder:
         reflectors wait meanwhile."""
         with self._lock:
             return fn(self.view)
+
+    def set_live(self, nodes: dict[str, NodeLive]) -> None:
+        """Replace the enforcers' latest figures (``gpuslice_view.live.LivePoller``'s publish)."""
+        with self._lock:
+            self.view.live = nodes
 
     def _handler(self, kind: str) -> Callable[[str, Obj], None]:
         def handle(event: str, obj: Obj) -> None:

@@ -13,11 +13,12 @@ memory per GPU is its device record, and what a claim costs does not grow with t
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 from gpuslice_core.errors import NotFoundError
+from gpuslice_view.live import NodeLive, ShareLive
 from gpuslice_view.objects import (
     CORDON_KEY,
     DRIVER,
@@ -78,6 +79,26 @@ class Usage:
         return self.free_cores == 0 or self.free_memory == 0
 
 
+@dataclass(frozen=True)
+class Live:
+    """What a device's enforcer measures (derived from the node's latest scrape).
+
+    ``state``: ``ok``; ``unreachable`` or ``stale`` (figures unknown, not old ones shown as
+    current); ``unknown`` (no enforcer found on the node). ``memory_used``/``sm_used``: the sum
+    over the shares the enforcer reports on the device, None unless ``ok``; ``shares``: per
+    allocation, by (namespace, claim)."""
+
+    state: str
+    age: float | None = None
+    error: str = ""
+    memory_used: int | None = None
+    sm_used: float | None = None
+    shares: Mapping[ClaimKey, ShareLive] = field(default_factory=dict)
+
+
+UNKNOWN = Live("unknown")
+
+
 @dataclass
 class ClusterView:
     driver: str = DRIVER
@@ -86,6 +107,10 @@ class ClusterView:
     pods: dict[ClaimKey, Pod] = field(default_factory=dict)
     classes: dict[str, tuple[str, ...]] = field(default_factory=dict)
     rules: dict[str, TaintRule] = field(default_factory=dict)
+    live: dict[str, NodeLive] = field(default_factory=dict)
+    """Per node, the latest scrape of its enforcer (``gpuslice_view.live``); set whole."""
+    live_stale_after: float = 60.0
+    """Seconds after which a node's last good scrape no longer counts as current."""
     _index: dict[DeviceKey, Device] | None = field(default=None, repr=False, compare=False)
     """Devices by key, rebuilt on the first lookup after a slice changed (derived, not state)."""
 
@@ -164,6 +189,24 @@ class ClusterView:
             memory = sum(device.memory if s.memory is None else s.memory for s in on)
             out[device.key] = Usage(device, on, cores, memory)
         return out
+
+    def live_of(self, device: Device, now: float) -> Live:
+        """The enforcer's figures for ``device`` at wall-clock time ``now``."""
+        node = self.live.get(device.node)
+        if node is None:
+            return UNKNOWN
+        state = node.state_at(now, self.live_stale_after)
+        age = max(now - node.at, 0.0)
+        if state != "ok":
+            return Live(state, age, node.error)
+        shares = {
+            (namespace, claim): share
+            for (namespace, claim, uuid), share in node.shares.items()
+            if device.uuid and uuid.lower() == device.uuid.lower()
+        }
+        memory = sum(s.memory_used for s in shares.values())
+        sm = sum(s.sm_used for s in shares.values())
+        return Live("ok", age, "", memory, sm, shares)
 
     def device_of(self, key: DeviceKey) -> Device | None:
         if self._index is None:

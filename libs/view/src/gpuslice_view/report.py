@@ -6,11 +6,13 @@ kept. The rows carry exact numbers (bytes, percent); the tables round for readin
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from gpuslice_api.quantity import human_bytes
-from gpuslice_view.model import ClusterView, Usage
+from gpuslice_view.live import ShareLive
+from gpuslice_view.model import ClusterView, Live, Usage
 from gpuslice_view.objects import CORDON_KEY, Claim, Device, Taint
 
 Row = dict[str, Any]
@@ -38,9 +40,27 @@ def _pct(part: int, whole: int) -> int:
     return round(100 * part / whole) if whole else 0
 
 
-def gpu_row(view: ClusterView, usage: Usage) -> Row:
+def _live(live: Live) -> Row:
+    """The device's live usage as ``-o json`` shows it: None where it is not known."""
+    out: Row = {"state": live.state, "memoryUsed": live.memory_used, "smUsed": live.sm_used}
+    if live.age is not None:
+        out["ageSeconds"] = round(live.age, 1)
+    if live.error:
+        out["error"] = live.error
+    return out
+
+
+def _used(live: Live, share: ShareLive | None) -> Row:
+    """An allocation's use (None unless the enforcer reports its share)."""
+    if live.state != "ok" or share is None:
+        return {"memoryUsed": None, "smUsed": None}
+    return {"memoryUsed": share.memory_used, "smUsed": share.sm_used}
+
+
+def gpu_row(view: ClusterView, usage: Usage, now: float | None = None) -> Row:
     d = usage.device
     claims = view.claims
+    live = view.live_of(d, time.time() if now is None else now)
     shares = []
     for s in usage.shares:
         claim = claims.get(s.claim)
@@ -52,6 +72,7 @@ def gpu_row(view: ClusterView, usage: Usage) -> Row:
                 "memory": d.memory if s.memory is None else s.memory,
                 "whole": s.cores is None and s.memory is None,
                 "pods": list(claim.reserved_for) if claim else [],
+                **_used(live, live.shares.get(s.claim)),
             }
         )
     row: Row = {
@@ -66,6 +87,7 @@ def gpu_row(view: ClusterView, usage: Usage) -> Row:
         "status": status(view, d),
         "taints": [_taint(t) for t in view.taints(d)],
         "allocations": shares,
+        "live": _live(live),
     }
     if d.kind == "mig":
         row.update(parentUUID=d.parent_uuid, profile=d.profile)
@@ -73,11 +95,21 @@ def gpu_row(view: ClusterView, usage: Usage) -> Row:
 
 
 def gpu_rows(view: ClusterView) -> list[Row]:
-    return [gpu_row(view, u) for u in view.usage().values()]
+    now = time.time()
+    return [gpu_row(view, u, now) for u in view.usage().values()]
+
+
+def _bytes(value: int | None) -> str:
+    return "-" if value is None else human_bytes(value)
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}%"
 
 
 def gpu_table(rows: Sequence[Row], *, wide: bool = False) -> str:
-    head = ["NODE", "DEVICE", "MODEL", "CORES%", "MEMORY", "MEMORY%", "CLAIMS", "STATUS"]
+    head = ["NODE", "DEVICE", "MODEL", "CORES%", "MEMORY", "MEMORY%", "SM-USED", "MEM-USED"]
+    head += ["CLAIMS", "STATUS"]
     if wide:
         head += ["UUID", "PODS"]
     body = []
@@ -91,6 +123,8 @@ def gpu_table(rows: Sequence[Row], *, wide: bool = False) -> str:
             f"{_pct(cores['used'], cores['total'])}%" if cores["total"] else "-",
             f"{human_bytes(memory['used'])}/{human_bytes(memory['total'])}",
             f"{_pct(memory['used'], memory['total'])}%",
+            _percent(r["live"]["smUsed"]),
+            _bytes(r["live"]["memoryUsed"]),
             str(len(r["allocations"])),
             r["status"],
         ]
@@ -116,6 +150,7 @@ def describe_gpu(row: Row) -> str:
     lines += [
         f"Memory:     {human_bytes(memory['used'])} of {human_bytes(memory['total'])} allocated "
         f"({_pct(memory['used'], memory['total'])}%)",
+        f"Used:       {_live_line(row['live'])}",
         f"Status:     {row['status']}",
         "Taints:" + ("     <none>" if not row["taints"] else ""),
     ]
@@ -131,19 +166,37 @@ def describe_gpu(row: Row) -> str:
                 a["request"],
                 f"{a['cores']}%" if cores["total"] else "-",
                 human_bytes(a["memory"]),
+                _percent(a["smUsed"]),
+                _bytes(a["memoryUsed"]),
                 ",".join(a["pods"]) or "-",
             ]
             for a in row["allocations"]
         ]
-        tab = table(["CLAIM", "REQUEST", "CORES", "MEMORY", "PODS"], body)
+        head = ["CLAIM", "REQUEST", "CORES", "MEMORY", "SM-USED", "MEM-USED", "PODS"]
+        tab = table(head, body)
         lines += ["  " + line for line in tab.splitlines()]
     return "\n".join(lines)
 
 
-def claim_row(view: ClusterView, claim: Claim) -> Row:
+def _live_line(live: Row) -> str:
+    """``12Gi memory, 25% SM (enforcer, 3s ago)``, or ``-`` and why it is not known."""
+    age = f", {live['ageSeconds']:.0f}s ago" if "ageSeconds" in live else ""
+    if live["state"] == "ok":
+        return f"{_bytes(live['memoryUsed'])} memory, {_percent(live['smUsed'])} SM (enforcer{age})"
+    why = {
+        "unknown": "no enforcer metrics from this node",
+        "stale": f"the enforcer's last figures are too old{age}",
+        "unreachable": f"the enforcer did not answer: {live.get('error', '')}",
+    }[live["state"]]
+    return f"-  ({why})"
+
+
+def claim_row(view: ClusterView, claim: Claim, now: float | None = None) -> Row:
     devices = []
+    now = time.time() if now is None else now
     for s in claim.shares:
         device = view.device_of(s.device)
+        live = view.live_of(device, now) if device else Live("unknown")
         devices.append(
             {
                 "request": s.request,
@@ -151,6 +204,7 @@ def claim_row(view: ClusterView, claim: Claim) -> Row:
                 "uuid": device.uuid if device else "",
                 "cores": (device.cores if device else 0) if s.cores is None else s.cores,
                 "memory": (device.memory if device else 0) if s.memory is None else s.memory,
+                **_used(live, live.shares.get(claim.key)),
             }
         )
     state = "Deleting" if claim.deleting else "Allocated" if claim.allocated else "Pending"
@@ -165,15 +219,16 @@ def claim_row(view: ClusterView, claim: Claim) -> Row:
 
 def claim_rows(view: ClusterView, namespace: str | None) -> list[Row]:
     claims = sorted(view.claims.values(), key=lambda c: c.key)
+    now = time.time()
     return [
-        claim_row(view, c)
+        claim_row(view, c, now)
         for c in claims
         if (namespace is None or c.namespace == namespace) and view.ours(c)
     ]
 
 
 def claim_table(rows: Sequence[Row], *, all_namespaces: bool) -> str:
-    head = ["NAME", "STATE", "DEVICES", "CORES", "MEMORY", "PODS"]
+    head = ["NAME", "STATE", "DEVICES", "CORES", "MEMORY", "SM-USED", "MEM-USED", "PODS"]
     if all_namespaces:
         head.insert(0, "NAMESPACE")
     body = []
@@ -185,6 +240,8 @@ def claim_table(rows: Sequence[Row], *, all_namespaces: bool) -> str:
             ",".join(d["device"] for d in devices) or "-",
             ",".join(f"{d['cores']}%" if d["cores"] else "-" for d in devices) or "-",
             ",".join(human_bytes(d["memory"]) for d in devices) or "-",
+            ",".join(_percent(d["smUsed"]) for d in devices) or "-",
+            ",".join(_bytes(d["memoryUsed"]) for d in devices) or "-",
             ",".join(r["pods"]) or "-",
         ]
         if all_namespaces:

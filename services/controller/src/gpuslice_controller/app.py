@@ -41,6 +41,7 @@ from gpuslice_kube.discovery import RESOURCE_VERSIONS, served_versions
 from gpuslice_kube.raw import Obj, RawApi
 from gpuslice_kube.reflector import Reflector
 from gpuslice_view.feed import ViewFeeder
+from gpuslice_view.live import LivePoller, discover
 
 log = get_logger(__name__)
 
@@ -175,6 +176,17 @@ def _run(args: argparse.Namespace) -> int:
         else:
             stop_leading.wait()
 
+    poller: LivePoller | None = None
+    if feeder is not None and args.live_usage_interval > 0:
+        lister = RawApi(api_client, deadline=10.0)
+        where = args.enforcer_namespace or args.namespace
+        feeder.view.live_stale_after = 3 * args.live_usage_interval + args.live_usage_timeout
+        poller = LivePoller(
+            lambda: discover(lister, where, args.enforcer_selector),
+            feeder.set_live,
+            interval=args.live_usage_interval,
+            timeout=args.live_usage_timeout,
+        )
     collector = ViewCollector(feeder) if feeder is not None else None
     if collector is not None:
         REGISTRY.register(collector)
@@ -188,6 +200,7 @@ def _run(args: argparse.Namespace) -> int:
         manage_certificates=args.manage_certificates,
         leader_elect=args.leader_elect,
         cluster_view=feeder is not None,
+        live_usage_interval=args.live_usage_interval if poller is not None else 0,
     )
     for part in (inventory, translator, secret_watch.reflector):
         part.start()
@@ -212,6 +225,10 @@ def _run(args: argparse.Namespace) -> int:
         threading.Thread(
             target=diagnostics.run, args=(stop,), name="diagnostics", daemon=True
         ).start()
+        if poller is not None:
+            threading.Thread(
+                target=poller.run, args=(stop,), name="live-usage", daemon=True
+            ).start()
     server.start()
     solo: threading.Thread | None = None
     if args.leader_elect:

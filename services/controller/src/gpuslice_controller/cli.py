@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from gpuslice_controller import __version__
 from gpuslice_core.cli import EnvArgumentParser, positive_seconds
 from gpuslice_core.logging import LEVELS
+from gpuslice_view.live import NODE_SELECTOR
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(d|h|m|s)")
 _UNITS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
@@ -30,6 +31,14 @@ def duration(value: str) -> dt.timedelta:
 def names(value: str) -> tuple[str, ...]:
     """A comma-separated list of names."""
     return tuple(n.strip() for n in value.split(",") if n.strip())
+
+
+def seconds_or_off(value: str) -> float:
+    """A number of seconds, at least zero (0 turns the feature off), for argparse."""
+    number = float(value)
+    if number < 0:
+        raise ValueError(f"{value!r} must be 0 (off) or a positive number of seconds")
+    return number
 
 
 def build_parser() -> EnvArgumentParser:
@@ -177,6 +186,38 @@ def build_parser() -> EnvArgumentParser:
         help=(
             "Seconds a token that passed its TokenReview and SubjectAccessReview is trusted by"
             " the /view/ endpoints before it is reviewed again."
+        ),
+    )
+    p.add_flag(
+        "--live-usage-interval",
+        env="LIVE_USAGE_INTERVAL",
+        type=seconds_or_off,
+        default=15.0,
+        help=(
+            "Seconds between two scrapes of every enforcer's metrics, whose memory and SM use"
+            " per share the cluster view shows against the limits; 0 turns live usage off."
+        ),
+    )
+    p.add_flag(
+        "--live-usage-timeout",
+        env="LIVE_USAGE_TIMEOUT",
+        type=positive_seconds,
+        default=2.0,
+        help="Seconds one enforcer may take to answer before its node's usage shows as unknown.",
+    )
+    p.add_flag(
+        "--enforcer-namespace",
+        env="ENFORCER_NAMESPACE",
+        default="",
+        help="Namespace of the node pods whose enforcers are scraped; --namespace when empty.",
+    )
+    p.add_flag(
+        "--enforcer-selector",
+        env="ENFORCER_SELECTOR",
+        default=NODE_SELECTOR,
+        help=(
+            "Label selector of the node pods; each is scraped at its pod IP on the container"
+            " port named 'enforcer'."
         ),
     )
     p.add_flag(

@@ -19,6 +19,14 @@ Families (labels in braces):
 - ``gpuslice_claim_cores_percent{namespace,claim,node,device}``,
   ``gpuslice_claim_memory_bytes``: what an allocated claim holds of one device (a claim with two
   requests on one device: their sum; a whole device: all of it);
+- ``gpuslice_gpu_memory_used_bytes``, ``gpuslice_gpu_sm_used_percent``: same labels, what the
+  node's enforcer measures on the device (the sum over its shares), only while that figure is
+  current (``gpuslice_view.live``: no series for a node whose enforcer is unknown, stale or
+  unreachable, never a 0 that is not measured);
+- ``gpuslice_claim_memory_used_bytes``, ``gpuslice_claim_sm_used_percent``: claim labels, what
+  the enforcer measures of the claim's share on the device, likewise only while current;
+- ``gpuslice_view_usage_up{node,state}``: per node with an enforcer, 1 when its latest scrape is
+  current, 0 otherwise, ``state`` ``ok``, ``stale`` or ``unreachable``;
 - ``gpuslice_view_events_total{kind}``: changes the view applied, by kind;
 - ``gpuslice_view_synced``: 1 once every kind's first list is in.
 
@@ -29,8 +37,9 @@ as free that are not.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -64,20 +73,37 @@ class GpuSample:
     allocations: int
     cordoned: bool
     tainted: bool
+    memory_live: int | None = None
+    sm_live: float | None = None
+
+
+ClaimLabels = tuple[str, str, str, str]
 
 
 @dataclass(frozen=True)
 class Snapshot:
     gpus: tuple[GpuSample, ...]
-    claims: Mapping[tuple[str, str, str, str], tuple[int, int]]
+    claims: Mapping[ClaimLabels, tuple[int, int]]
     """(namespace, claim, node, device) -> (cores percent, memory bytes)"""
+    claims_live: Mapping[ClaimLabels, tuple[int, float]] = field(default_factory=dict)
+    """(namespace, claim, node, device) -> (memory used, SM percent used), current ones only"""
+    nodes_live: Mapping[str, str] = field(default_factory=dict)
+    """node -> state of its enforcer's latest scrape"""
 
 
-def snapshot(view: ClusterView) -> Snapshot:
+def snapshot(view: ClusterView, now: float | None = None) -> Snapshot:
     """Everything one scrape reports, read from ``view`` (call it under the feeder's lock)."""
+    now = time.time() if now is None else now
     gpus = []
+    claims_live: dict[ClaimLabels, tuple[int, float]] = {}
     for usage in view.usage().values():
         d = usage.device
+        live = view.live_of(d, now)
+        for (namespace, name), measured in live.shares.items():
+            claims_live[(namespace, name, d.node, d.name)] = (
+                measured.memory_used,
+                measured.sm_used,
+            )
         taints = view.taints(d)
         cordoned = any(t.key == CORDON_KEY and t.rule for t in taints)
         tainted = any(t.effect in BLOCKING and not (t.key == CORDON_KEY and t.rule) for t in taints)
@@ -91,6 +117,8 @@ def snapshot(view: ClusterView) -> Snapshot:
                 allocations=len(usage.shares),
                 cordoned=cordoned,
                 tainted=tainted,
+                memory_live=live.memory_used,
+                sm_live=live.sm_used,
             )
         )
     claims: dict[tuple[str, str, str, str], tuple[int, int]] = {}
@@ -106,7 +134,8 @@ def snapshot(view: ClusterView) -> Snapshot:
             key = (claim.namespace, claim.name, node, share.device[2])
             had = claims.get(key, (0, 0))
             claims[key] = (had[0] + cores, had[1] + memory)
-    return Snapshot(tuple(gpus), claims)
+    nodes = {node: n.state_at(now, view.live_stale_after) for node, n in view.live.items()}
+    return Snapshot(tuple(gpus), claims, claims_live, nodes)
 
 
 class ViewCollector(Collector):
@@ -161,8 +190,22 @@ def families(snap: Snapshot) -> Iterator[Metric]:
         "1 while a NoSchedule or NoExecute taint other than a cordon is on the device.",
         GPU_LABELS,
     )
+    memory_used = gauge(
+        "gpuslice_gpu_memory_used_bytes",
+        "Bytes of the device's memory the processes of its shares use (the node's enforcer).",
+        GPU_LABELS,
+    )
+    sm_used = gauge(
+        "gpuslice_gpu_sm_used_percent",
+        "Percent of the device's SMs the processes of its shares use (the node's enforcer).",
+        GPU_LABELS,
+    )
     for g in snap.gpus:
         labels = list(g.labels)
+        if g.memory_live is not None:
+            memory_used.add_metric(labels, g.memory_live)
+        if g.sm_live is not None:
+            sm_used.add_metric(labels, g.sm_live)
         if g.cores_total:
             cores.add_metric(labels, 100 * g.cores_used / g.cores_total)
         memory.add_metric(labels, g.memory_used)
@@ -184,4 +227,25 @@ def families(snap: Snapshot) -> Iterator[Metric]:
         if c:
             claim_cores.add_metric(list(key), c)
         claim_memory.add_metric(list(key), m)
+    claim_memory_used = gauge(
+        "gpuslice_claim_memory_used_bytes",
+        "Bytes of a device's memory a claim's processes use (the node's enforcer).",
+        CLAIM_LABELS,
+    )
+    claim_sm_used = gauge(
+        "gpuslice_claim_sm_used_percent",
+        "Percent of a device's SMs a claim's processes use (the node's enforcer).",
+        CLAIM_LABELS,
+    )
+    for key, (m, sm) in sorted(snap.claims_live.items()):
+        claim_memory_used.add_metric(list(key), m)
+        claim_sm_used.add_metric(list(key), sm)
+    up = gauge(
+        "gpuslice_view_usage_up",
+        "1 while the node's enforcer metrics are current, 0 when stale or unreachable.",
+        ("node", "state"),
+    )
+    for node, state in sorted(snap.nodes_live.items()):
+        up.add_metric([node, state], 1 if state == "ok" else 0)
     yield from (cores, memory, total, allocations, cordoned, tainted, claim_cores, claim_memory)
+    yield from (memory_used, sm_used, claim_memory_used, claim_sm_used, up)
