@@ -4,7 +4,7 @@ and the older resource.k8s.io versions (v1beta2, v1beta1) when the server does n
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,8 @@ from gpuslice_kube.client import new_api_client
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 from gpuslice_kubelet_plugin.kubeapi import ResourceApi, detect
 from gpuslice_kubelet_plugin.metrics import PluginMetrics
-from gpuslice_kubelet_plugin.slices import PoolContent, SlicePublisher
+from gpuslice_kubelet_plugin.nodemode import read_node
+from gpuslice_kubelet_plugin.slices import PoolContent, SlicePublisher, node_owner
 from gpuslice_kubelet_plugin.testing.harness import Harness, Node, Running, write_node
 from gpuslice_nvml import open_nvml
 
@@ -40,13 +41,19 @@ class Publishers:
         self.kube = kube
         self.made: list[SlicePublisher] = []
 
-    def new(self, content: list[PoolContent], node: str) -> SlicePublisher:
+    def new(
+        self,
+        content: list[PoolContent],
+        node: str,
+        owner: Callable[[], Obj | None] = lambda: None,
+    ) -> SlicePublisher:
         pub = SlicePublisher(
             ResourceApi(self.raw, self.server),
             node=node,
             driver=DRIVER,
             content=lambda: content[0],
             metrics=PluginMetrics(),
+            owner=owner,
         )
         self.made.append(pub)
         return pub
@@ -136,6 +143,42 @@ def test_a_wiped_pool_is_published_again_with_a_higher_generation(
     back = wait_for(lambda: node_slices(kube, node_name), 10, "the pool to be published again")
     assert back[0]["spec"]["pool"]["generation"] == 2
     assert len(back[0]["spec"]["devices"]) == 3
+
+
+def test_the_node_owns_its_pool_and_takes_it_along_when_deleted(
+    publishers: Publishers, kube: RawApi, node_name: str
+) -> None:
+    def owner() -> Obj | None:
+        node = read_node(publishers.raw, node_name)
+        return node_owner(node) if node is not None else None
+
+    def owners() -> list[list[Obj]]:
+        return [s["metadata"].get("ownerReferences") or [] for s in node_slices(kube, node_name)]
+
+    nodes = resource_path("v1", "nodes")
+    content = [PoolContent(tuple(plain(200)))]
+    pub = publishers.new(content, node_name, owner)
+    assert pub.reconcile() is True
+    assert owners() == [[], []]  # no Node yet: published without an owner
+    assert pub.reconcile() is False
+    node = kube.create(nodes, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node_name}})
+    try:
+        assert pub.reconcile() is True  # the Node is there now: it becomes the owner
+        ref = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "name": node_name,
+            "uid": node["metadata"]["uid"],
+            "controller": True,
+        }
+        assert owners() == [[ref], [ref]]
+        generation = node_slices(kube, node_name)[0]["spec"]["pool"]["generation"]
+        assert pub.reconcile() is False
+    finally:
+        kube.delete(resource_path("v1", "nodes", name=node_name))
+    assert generation == 2
+    # the garbage collector (kube-controller-manager) deletes the pool with its Node
+    wait_for(lambda: not node_slices(kube, node_name), 20, "the slices collected with the Node")
 
 
 def test_a_slice_edited_by_someone_else_is_rewritten(

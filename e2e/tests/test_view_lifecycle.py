@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from e2e.sandbox.controlplane import ControlPlane
-from e2e.sandbox.gpunode import GpuNode, delete_node_slices, start_gpu_node, stop_gpu_node
+from e2e.sandbox.gpunode import GpuNode, start_gpu_node, stop_gpu_node
 from e2e.sandbox.nodeagent.testing import wait_for, wait_pod_phase
 from e2e.sandbox.nodeservices import NodePod, serve_node_pod, start_node_pod
 from e2e.sandbox.procs import free_port
@@ -121,20 +121,22 @@ def test_the_view_follows_create_delete_plugin_restart_and_node_loss(
     assert rows[(a.name, "gpu-0")]["memory"]["used"] == 0
     assert holders(rows, b) == [(50, 8 * GIB, ["on-b"])]
 
-    # node loss: its kubelet (agent) and plugin die, the Node object is deleted. Our plugin's
-    # slices carry no owner reference to the Node, so nothing collects them: the view keeps
-    # the lost node's GPU (and the share on it), exactly as the API holds them
-    # (docs/cluster-view.md, "Not done yet"); once the slices go, so does the GPU.
+    # node loss: its kubelet (agent) and plugin die, the Node object is deleted. The pool's
+    # slices name the Node as their owner, so the garbage collector deletes them with it: the
+    # lost node's GPU leaves the view; the claim that was on it stays allocated (nothing
+    # deallocates a claim whose pod still exists), on a device that no longer has a row.
+    assert {o["uid"] for s in b.slices(kube) for o in s["metadata"]["ownerReferences"]} == {
+        kube.get(resource_path("v1", "nodes", name=b.name))["metadata"]["uid"]
+    }
     b.plugin.kill9()
     assert b.agent is not None
     b.agent.stop()
     kube.delete(resource_path("v1", "nodes", name=b.name))
     wait_for(lambda: kube_missing(kube, resource_path("v1", "nodes", name=b.name)), 20, "Node gone")
-    rows = settled("after the node loss")
-    assert holders(rows, b) == [(50, 8 * GIB, ["on-b"])] and len(b.slices(kube)) == 1
-    delete_node_slices(kube, b.name)
+    wait_for(lambda: not b.slices(kube), 30, f"{b.name}'s slices collected with the Node")
     wait_for(lambda: (b.name, "gpu-0") not in fed() or None, 20, f"{b.name}'s GPU gone")
-    settled("after the lost node's slices went")
+    rows = settled("after the node loss")
+    assert holders(rows, a) == []
     [on_b] = [r for r in feeder.read(lambda v: claim_rows(v, namespace)) if r["pods"] == ["on-b"]]
     assert on_b["devices"][0]["device"] == f"{b.name}/gpu-0"  # still allocated, no device row
 

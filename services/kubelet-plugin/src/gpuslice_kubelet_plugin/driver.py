@@ -30,10 +30,15 @@ from gpuslice_kubelet_plugin.health import HealthMonitor
 from gpuslice_kubelet_plugin.kubeapi import ResourceApi, detect
 from gpuslice_kubelet_plugin.metrics import PluginMetrics
 from gpuslice_kubelet_plugin.migclient import GrpcMigManager, MigManager, NoMigManager
-from gpuslice_kubelet_plugin.nodemode import check_node_mode
+from gpuslice_kubelet_plugin.nodemode import check_node_mode, read_node
 from gpuslice_kubelet_plugin.server import PluginServer, Sockets
 from gpuslice_kubelet_plugin.servicer import HealthStreamServicer
-from gpuslice_kubelet_plugin.slices import PoolContent, SlicePublisher, device_with_taints
+from gpuslice_kubelet_plugin.slices import (
+    PoolContent,
+    SlicePublisher,
+    device_with_taints,
+    node_owner,
+)
 from gpuslice_kubelet_plugin.state import DeviceState
 from gpuslice_nvml import Nvml
 from gpuslice_nvml.health import APP_XIDS
@@ -162,6 +167,11 @@ class Driver:
             except Exception:
                 log.exception("device rescan failed")
 
+    def _slice_owner(self) -> Obj | None:
+        """The Node as the owner of the pool's slices, read afresh (docs/kubelet-plugin.md)."""
+        node = read_node(self.raw, self.settings.node_name)
+        return node_owner(node) if node is not None else None
+
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
         s = self.settings
@@ -223,7 +233,12 @@ class Driver:
             workers=s.workers,
         )
         self.publisher = SlicePublisher(
-            self.api, node=s.node_name, driver=DRIVER, content=self._content, metrics=self.metrics
+            self.api,
+            node=s.node_name,
+            driver=DRIVER,
+            content=self._content,
+            metrics=self.metrics,
+            owner=self._slice_owner,
         )
         self.collector = ClaimCollector(
             self.state, self.read_claim, self.metrics, interval=s.gc_interval

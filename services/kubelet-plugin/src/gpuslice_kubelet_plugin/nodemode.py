@@ -15,7 +15,7 @@ from gpuslice_core.errors import FailedPreconditionError
 from gpuslice_core.logging import get_logger
 from gpuslice_kube.errors import KubeForbiddenError, KubeNotFoundError
 from gpuslice_kube.events import node_event
-from gpuslice_kube.raw import RawApi, resource_path
+from gpuslice_kube.raw import Obj, RawApi, resource_path
 
 log = get_logger(__name__)
 
@@ -27,13 +27,21 @@ class NodeRefusedError(FailedPreconditionError):
     """This node's GPUs are served by the device plugin."""
 
 
+def read_node(raw: RawApi, node_name: str) -> Obj | None:
+    """The Node, or None when it does not exist or the plugin may not read it."""
+    try:
+        return raw.get(resource_path("v1", "nodes", name=node_name))
+    except (KubeNotFoundError, KubeForbiddenError) as exc:
+        log.info("cannot read the Node", node=node_name, error=str(exc))
+        return None
+
+
 def check_node_mode(raw: RawApi, node_name: str) -> None:
     """Raise :class:`NodeRefusedError` (after the log line and the Event) on a device-plugin
     node; return on a DRA node."""
-    try:
-        node = raw.get(resource_path("v1", "nodes", name=node_name))
-    except (KubeNotFoundError, KubeForbiddenError) as exc:
-        log.warning("per-node mode not checked: cannot read the Node", error=str(exc))
+    node = read_node(raw, node_name)
+    if node is None:
+        log.warning("per-node mode not checked: cannot read the Node", node=node_name)
         return
     reason = kubelet_plugin_refusal(node)
     if reason is None:

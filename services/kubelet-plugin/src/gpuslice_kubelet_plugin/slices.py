@@ -18,6 +18,13 @@ The pool (name = node name) is owned here, like the upstream resourceslice contr
 
 A slice is compared by a hash of its content (annotation ``gpu.gpuslice.dev/content``), so the
 API server's normalisation of quantities does not look like a change.
+
+Every slice names the Node as its controlling owner (``ownerReferences``, as the upstream
+kubelet-plugin helper does), so the garbage collector deletes the pool with its Node: a lost
+node's GPUs leave the cluster with it instead of staying published until someone deletes them.
+The Node's UID is read whenever the pool is about to be written (a Node deleted and registered
+again has a new UID; slices owned by the old one would be collected at once). Without a Node to
+read (none yet, or no permission) the slices are published without an owner, as before.
 """
 
 from __future__ import annotations
@@ -127,6 +134,21 @@ def fingerprint(fragment: dict[str, Any]) -> str:
     return json.dumps([parts, sets])
 
 
+def node_owner(node: Obj) -> Obj:
+    """The owner reference that makes ``node`` the controller of its pool's slices."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "name": node["metadata"]["name"],
+        "uid": node["metadata"]["uid"],
+        "controller": True,
+    }
+
+
+def _owners(obj: Obj) -> list[Obj]:
+    return list((obj.get("metadata") or {}).get("ownerReferences") or [])
+
+
 def _index(obj: Obj) -> int:
     try:
         return int((obj["metadata"].get("annotations") or {}).get(INDEX, 1 << 30))
@@ -145,8 +167,10 @@ class SlicePublisher:
         metrics: PluginMetrics,
         resync: float = 300.0,
         backoff_max: float = 30.0,
+        owner: Callable[[], Obj | None] = lambda: None,
     ) -> None:
         self.api = api
+        self.owner = owner
         self.node = node
         self.driver = driver
         self.content = content
@@ -236,12 +260,17 @@ class SlicePublisher:
         wanted = [
             (i, h, fingerprint(f)) for i, (h, f) in enumerate(zip(hashes, fragments, strict=True))
         ]
-        if len(existing) == count and sorted(current) == wanted:
-            self.generation = top
-            self.published.set()
-            return False
+        same = len(existing) == count and sorted(current) == wanted
+        owners = [_owners(s) for s in existing]
+        # Owned alike: up to date without asking for the Node (a stale owner UID gets the
+        # slices collected, and the reconcile that follows writes them with the new one).
+        if same and owners and owners[0] and all(o == owners[0] for o in owners):
+            return self._unchanged(top)
+        owner = self.owner()
+        if same and all(o == ([owner] if owner is not None else []) for o in owners):
+            return self._unchanged(top)
         with self.metrics.publish.time():
-            self._write(fragments, hashes, existing, top + 1)
+            self._write(fragments, hashes, existing, top + 1, owner)
         self.generation = top + 1
         self.metrics.published_slices.set(count)
         self.metrics.published_devices.set(sum(len(f.get("devices") or []) for f in fragments))
@@ -255,7 +284,14 @@ class SlicePublisher:
         )
         return True
 
-    def _body(self, index: int, fragment: dict[str, Any], digest: str, generation: int) -> Obj:
+    def _unchanged(self, generation: int) -> bool:
+        self.generation = generation
+        self.published.set()
+        return False
+
+    def _body(
+        self, index: int, fragment: dict[str, Any], digest: str, generation: int, owner: Obj | None
+    ) -> Obj:
         version = self.api.server.version
         spec: dict[str, Any] = {
             "driver": self.driver,
@@ -272,24 +308,29 @@ class SlicePublisher:
             "metadata": {
                 "generateName": f"{self.node}-{self.driver}-",
                 "annotations": {CONTENT: digest, INDEX: str(index)},
+                **({"ownerReferences": [owner]} if owner is not None else {}),
             },
             "spec": spec,
         }
 
     def _write(
-        self, fragments: list[dict[str, Any]], hashes: list[str], existing: list[Obj], gen: int
+        self,
+        fragments: list[dict[str, Any]],
+        hashes: list[str],
+        existing: list[Obj],
+        gen: int,
+        owner: Obj | None,
     ) -> None:
         count = len(fragments)
         for index, (fragment, digest) in enumerate(zip(fragments, hashes, strict=True)):
-            body = self._body(index, fragment, digest, gen)
+            body = self._body(index, fragment, digest, gen, owner)
             body["spec"]["pool"]["resourceSliceCount"] = count
             if index < len(existing):
                 old = existing[index]
-                body["metadata"] = {
-                    "name": old["metadata"]["name"],
-                    "resourceVersion": old["metadata"]["resourceVersion"],
-                    "annotations": body["metadata"]["annotations"],
-                }
+                metadata = body["metadata"]
+                metadata.pop("generateName")
+                metadata["name"] = old["metadata"]["name"]
+                metadata["resourceVersion"] = old["metadata"]["resourceVersion"]
                 self.api.raw.replace(self.api.slice_path(old["metadata"]["name"]), body)
             else:
                 self.api.raw.create(self.api.slices_path, body)
