@@ -13,7 +13,7 @@ import ssl
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,7 @@ class Controller:
     port: int
     metrics_port: int
     log: Path
+    stop: Callable[[], object]
 
     def get(self, path: str, token: str | None) -> tuple[int, Any]:
         ctx = ssl.create_default_context()
@@ -95,12 +96,11 @@ def ns(kube: RawApi, node: GpuNode) -> Iterator[str]:
         yield name
 
 
-@pytest.fixture(scope="module")
-def controller(
-    sandbox: ControlPlane, kube: RawApi, ns: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Controller]:
+@contextlib.contextmanager
+def running_controller(sandbox: ControlPlane, ns: str, root: Path) -> Iterator[Controller]:
+    """The controller as a process on loopback (no webhooks, no election) until the view has
+    synced; stopped on leaving (``Controller.stop`` stops it earlier)."""
     port, metrics_port = procs.free_port(), procs.free_port()
-    root = tmp_path_factory.mktemp("controller-view")
     argv = [
         str(BIN / "gpuslice-controller"),
         *("--kubeconfig", str(sandbox.kubeconfig), "--namespace", ns, "--identity", "view-0"),
@@ -113,7 +113,7 @@ def controller(
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     log = root / "controller.log"
     proc = procs.start("controller", argv, log, env, cwd=Path.cwd(), die_with_parent=True)
-    ctl = Controller(port, metrics_port, log)
+    ctl = Controller(port, metrics_port, log, stop=lambda: procs.stop([proc], grace=10))
     try:
         wait_for(
             lambda: ctl.metrics().get(("gpuslice_view_synced", ())) == 1 or None,
@@ -122,8 +122,16 @@ def controller(
         )
         yield ctl
     finally:
-        procs.stop([proc], grace=10)
+        ctl.stop()
         print(log.read_text()[-6000:])
+
+
+@pytest.fixture(scope="module")
+def controller(
+    sandbox: ControlPlane, kube: RawApi, ns: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Controller]:
+    with running_controller(sandbox, ns, tmp_path_factory.mktemp("controller-view")) as ctl:
+        yield ctl
 
 
 def token(kube: RawApi, ns: str, account: str) -> str:

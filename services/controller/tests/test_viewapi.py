@@ -9,10 +9,11 @@ from typing import Any, TypeVar
 import pytest
 
 from gpuslice_controller.auth import Authorizer, Decision
-from gpuslice_controller.viewapi import ViewApi
+from gpuslice_controller.viewapi import ViewApi, credentials
 from gpuslice_view import report
 from gpuslice_view import testing as t
 from gpuslice_view.model import ClusterView
+from gpuslice_view.remote import TOKEN_HEADER
 
 pytestmark = pytest.mark.timeout(10)
 T = TypeVar("T")
@@ -98,3 +99,9 @@ def test_authorization_comes_first_then_sync(source: t.FixedFeeder) -> None:
     status, error = get(ViewApi(source, Allow()), "/view/gpus")
     assert status == HTTPStatus.SERVICE_UNAVAILABLE and "not synced" in error["error"]
     assert source.reads == 0
+
+
+def test_the_token_comes_from_authorization_else_the_proxy_safe_header() -> None:
+    assert credentials({"Authorization": "Bearer a", TOKEN_HEADER: "Bearer b"}) == "Bearer a"
+    assert credentials({TOKEN_HEADER: "Bearer b"}) == "Bearer b"
+    assert credentials({}) is None

@@ -1,9 +1,13 @@
-"""``kubectl gpuslice``: the cluster view of gpuslice GPUs, read straight from the API server.
+"""``kubectl gpuslice``: the cluster view of gpuslice GPUs, from the controller or the API server.
 
 Installed as the executable ``kubectl-gpuslice``, which kubectl runs for ``kubectl gpuslice``.
 Credentials come as kubectl's do: ``--kubeconfig``, else ``KUBECONFIG``, else
 ``~/.kube/config``, else the pod's service account; ``--context`` picks a context and
 ``-n``/``--namespace`` a namespace (default: the context's, else ``default``).
+
+The model comes from the controller's ``/view/`` where it runs (live usage in the used
+columns), else from one listing of the API (``--source``, ``--controller``: ``remote``).
+Cordons are always written through the API.
 
 Exit status: 0 done (also for a cordon that was already there or an uncordon of a GPU that was
 not cordoned), 1 the request failed (no such GPU, pod or claim; API errors; no DeviceTaintRule
@@ -22,12 +26,13 @@ from typing import Any
 
 import yaml
 from kubernetes import config as kubeconfig_loader
+from kubernetes.client import ApiClient
 
 from gpuslice_core.errors import GpusliceError, NotFoundError
 from gpuslice_kube.client import new_api_client
 from gpuslice_kube.raw import RawApi
-from gpuslice_view import __version__, cordon, report, source
-from gpuslice_view.reasons import Reason, why_claim, why_pod
+from gpuslice_view import __version__, cordon, remote, report, source
+from gpuslice_view.reasons import Reason, why_claim
 
 
 def _common(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
@@ -58,6 +63,26 @@ def parser() -> argparse.ArgumentParser:
         "why a claim does not get a GPU.",
     )
     main.add_argument("--version", action="version", version=f"kubectl-gpuslice {__version__}")
+    main.add_argument(
+        "--source",
+        choices=remote.SOURCES,
+        default=os.environ.get("GPUSLICE_SOURCE") or "auto",
+        help="Where the model comes from: the controller, the API server, or auto (the "
+        "controller when it is found and answers, else the API server) (env GPUSLICE_SOURCE).",
+    )
+    main.add_argument(
+        "--controller",
+        default=os.environ.get("GPUSLICE_CONTROLLER") or None,
+        help="The controller as <namespace>/<service>[:port] (through the API server) or "
+        "https://host[:port] (straight); found by its Service's labels when not given (env "
+        "GPUSLICE_CONTROLLER).",
+    )
+    main.add_argument(
+        "--controller-ca",
+        default=os.environ.get("GPUSLICE_CONTROLLER_CA") or None,
+        help="The CA file that signs the controller's certificate, for an https:// --controller "
+        "(env GPUSLICE_CONTROLLER_CA).",
+    )
     _common(main, suppress=False)
     sub = main.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -118,27 +143,37 @@ def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
         print(text)
 
 
-def _why(args: argparse.Namespace, raw: RawApi, namespace: str) -> None:
+def _why(args: argparse.Namespace, raw: RawApi, chooser: remote.Chooser, namespace: str) -> None:
     kind, _, name = args.target.rpartition("/")
     if kind not in ("", "pod", "pods", "claim", "claims", "resourceclaim"):
         raise NotFoundError(f"why {args.target!r}: give a pod or claim (pod/<name>, claim/<name>)")
-    view = source.load(raw, pods_namespace=namespace if kind in ("", "pod", "pods") else None)
-    pod = view.pods.get((namespace, name)) if kind in ("", "pod", "pods") else None
-    claim = view.claims.get((namespace, name)) if kind not in ("pod", "pods") else None
-    reasons: list[Reason]
-    if pod is not None:
-        reasons = why_pod(view, pod)
-        subject = {"pod": f"{namespace}/{name}", "node": pod.node, "scheduler": pod.scheduling}
-    elif claim is not None:
-        reasons = why_claim(view, claim)
-        subject = {"claim": f"{namespace}/{name}"}
-    else:
+    data = None
+    if kind in ("", "pod", "pods"):
+        data = chooser.read(lambda s: s.why_pod(namespace, name))
+    if data is None and kind not in ("pod", "pods"):
+        # the controller answers for pods only; a claim's reasons come from the API's listing
+        view = source.load(raw)
+        claim = view.claims.get((namespace, name))
+        if claim is not None:
+            reasons = [r.to_dict() for r in why_claim(view, claim)]
+            data = {"claim": f"{namespace}/{name}", "reasons": reasons}
+    if data is None:
         what = {"": "pod with GPU claims or claim", "claim": "claim"}.get(kind, "pod with claims")
         raise NotFoundError(f"no {what} {name!r} in namespace {namespace}")
-    data = {**subject, "reasons": [r.to_dict() for r in reasons]}
-    lines = [f"{k.capitalize()}: {v}" for k, v in subject.items() if v]
-    lines += [f"  {r.code}: {r}" for r in reasons]
+    lines = [f"{k.capitalize()}: {v}" for k, v in data.items() if k != "reasons" and v]
+    lines += [f"  {r['code']}: {Reason(**r)}" for r in data["reasons"]]
     _emit(args, data, "\n".join(lines))
+
+
+def _chooser(args: argparse.Namespace, api_client: ApiClient, raw: RawApi) -> remote.Chooser:
+    def controller() -> remote.ControllerSource:
+        where = remote.parse(args.controller) if args.controller else remote.discover(raw)
+        return remote.ControllerSource(api_client, where, ca_file=args.controller_ca)
+
+    def note(line: str) -> None:
+        print(f"kubectl-gpuslice: {line}", file=sys.stderr)
+
+    return remote.Chooser(args.source, source.ApiSource(raw), controller, note)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -148,20 +183,18 @@ def run(args: argparse.Namespace) -> int:
     )
     raw = RawApi(api_client, deadline=20.0)
     namespace = _namespace(args, kubeconfig)
+    chooser = _chooser(args, api_client, raw)
     if args.command == "top":
-        rows = report.gpu_rows(source.load(raw))
+        rows = chooser.read(lambda s: s.gpu_rows())
         _emit(args, rows, report.gpu_table(rows, wide=args.output == "wide"))
     elif args.command == "describe":
-        view = source.load(raw)
-        device = view.find(args.gpu)
-        row = report.gpu_row(view, view.usage()[device.key])
+        row = chooser.read(lambda s: s.gpu_row(args.gpu))
         _emit(args, row, report.describe_gpu(row))
     elif args.command == "claims":
-        view = source.load(raw)
-        rows = report.claim_rows(view, None if args.all_namespaces else namespace)
+        rows = chooser.read(lambda s: s.claim_rows(None if args.all_namespaces else namespace))
         _emit(args, rows, report.claim_table(rows, all_namespaces=args.all_namespaces))
     elif args.command == "why":
-        _why(args, raw, namespace)
+        _why(args, raw, chooser, namespace)
     else:
         device = source.load(raw).find(args.gpu)
         if args.command == "cordon":

@@ -1,6 +1,6 @@
 """Reading the view straight from the API server: one list per kind, no watch.
 
-This is how the kubectl plugin works without the controller. It asks discovery which
+This is how the kubectl plugin works without the controller (``ApiSource``). It asks discovery which
 resource.k8s.io version to read (the newest of v1, v1beta2, v1beta1 the server serves) and in
 which version DeviceTaintRule is served (v1 on 1.37, v1beta2 on 1.36, v1alpha3 before).
 """
@@ -11,8 +11,11 @@ from gpuslice_core.errors import FailedPreconditionError
 from gpuslice_kube.discovery import RESOURCE_GROUP, RESOURCE_VERSIONS, served_versions
 from gpuslice_kube.errors import KubeForbiddenError, KubeNotFoundError
 from gpuslice_kube.raw import Obj, RawApi, resource_path
+from gpuslice_view import report
 from gpuslice_view.model import ClusterView
 from gpuslice_view.objects import DRIVER
+from gpuslice_view.reasons import why_pod
+from gpuslice_view.report import Row
 
 TAINT_RULE_VERSIONS = ("v1", "v1beta2", "v1alpha3")
 """Where DeviceTaintRule is served, newest first."""
@@ -84,3 +87,33 @@ def load(
         rules=rules,
         driver=driver,
     )
+
+
+class ApiSource:
+    """The commands' answers from one listing of the API (``load``): what ``kubectl gpuslice``
+    shows without the controller. Same shapes as the controller's ``/view/`` (``remote``)."""
+
+    name = "api"
+
+    def __init__(self, raw: RawApi) -> None:
+        self.raw = raw
+
+    def gpu_rows(self) -> list[Row]:
+        return report.gpu_rows(load(self.raw))
+
+    def gpu_row(self, ref: str) -> Row:
+        view = load(self.raw)
+        device = view.find(ref)
+        return report.gpu_row(view, view.usage()[device.key])
+
+    def claim_rows(self, namespace: str | None) -> list[Row]:
+        return report.claim_rows(load(self.raw), namespace)
+
+    def why_pod(self, namespace: str, name: str) -> Row | None:
+        """``{pod, node, scheduler, reasons}``; None when there is no such pod with claims."""
+        view = load(self.raw, pods_namespace=namespace)
+        pod = view.pods.get((namespace, name))
+        if pod is None:
+            return None
+        subject = {"pod": f"{namespace}/{name}", "node": pod.node, "scheduler": pod.scheduling}
+        return {**subject, "reasons": [r.to_dict() for r in why_pod(view, pod)]}

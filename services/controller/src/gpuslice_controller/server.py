@@ -141,7 +141,7 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self._send(HTTPStatus.OK, b"ok\n")
         elif app.view is not None and self.path.startswith(viewapi.PREFIX):
-            answer = app.view.get(self.path, self.headers.get("Authorization"))
+            answer = app.view.get(self.path, viewapi.credentials(self.headers))
             self._send(answer.status, answer.body, answer.content_type)
         else:
             self._send(HTTPStatus.NOT_FOUND, b"not found\n")

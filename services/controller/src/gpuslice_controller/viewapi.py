@@ -15,7 +15,9 @@ answer is derived under the feeder's lock, one read per request.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
+from email.message import Message
 from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -27,6 +29,7 @@ from gpuslice_core.logging import get_logger
 from gpuslice_view import report
 from gpuslice_view.model import ClusterView
 from gpuslice_view.reasons import why_pod
+from gpuslice_view.remote import TOKEN_HEADER
 
 log = get_logger(__name__)
 PREFIX = "/view/"
@@ -46,6 +49,18 @@ def _json(status: HTTPStatus, data: Any) -> Answer:
 
 def _error(status: HTTPStatus, message: str) -> Answer:
     return _json(status, {"error": message, "code": int(status)})
+
+
+def credentials(headers: Mapping[str, str] | Message) -> str | None:
+    """The request's bearer credentials: ``Authorization``, else ``X-Gpuslice-Authorization``.
+
+    The second is how ``kubectl gpuslice`` reaches the view through the API server's service
+    proxy: the API server removes ``Authorization`` once it has authenticated the user with it,
+    so the plugin sends the user's token again under a header the proxy passes on. It is
+    reviewed exactly as ``Authorization`` is (docs/cluster-view.md, "kubectl gpuslice").
+    """
+    found = headers.get("Authorization") or headers.get(TOKEN_HEADER)
+    return str(found) if found else None
 
 
 class ViewApi:
