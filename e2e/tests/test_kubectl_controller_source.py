@@ -104,8 +104,9 @@ def test_top_gpus_reads_the_controller_then_falls_back_to_the_api(
 
     done = plugin(kubeconfig, *where, "--source", "controller", "top", "gpus", "-o", "json")
     assert done.returncode == 0, done.stderr
-    rows: list[Any] = json.loads(done.stdout)
-    assert [r["node"] for r in rows] == [node.name]
+    # other test modules' GPU nodes may still be going away: only this node's rows count
+    rows: list[Any] = [r for r in json.loads(done.stdout) if r["node"] == node.name]
+    assert len(rows) == 1
     assert rows[0]["live"]["state"] in ("ok", "unknown", "stale", "unreachable")
     assert done.stderr == ""
     table = plugin(kubeconfig, *where, "top", "gpus")
@@ -116,7 +117,7 @@ def test_top_gpus_reads_the_controller_then_falls_back_to_the_api(
     controller.stop()
     done = plugin(kubeconfig, *where, "top", "gpus", "-o", "json")
     assert done.returncode == 0, done.stderr
-    assert [r["node"] for r in json.loads(done.stdout)] == [node.name]
+    assert [r["node"] for r in json.loads(done.stdout)].count(node.name) == 1
     [note] = done.stderr.splitlines()
     assert note.startswith("kubectl-gpuslice: reading from the API server (used columns show -):")
     assert "did not answer" in note

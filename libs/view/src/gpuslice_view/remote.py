@@ -49,6 +49,11 @@ class UnavailableError(GpusliceError):
     """The controller cannot answer (not found, not reachable, not authorized, not synced)."""
 
 
+class NotInstalledError(UnavailableError):
+    """No controller in the cluster: ``auto`` reads from the API without a note (nothing is
+    wrong; a cluster without the controller is a supported setup)."""
+
+
 class ViewSource(Protocol):
     name: str
 
@@ -100,7 +105,7 @@ def discover(raw: RawApi) -> Location:
             "--controller or GPUSLICE_CONTROLLER=<namespace>/<service>"
         ) from exc
     if not found:
-        raise UnavailableError(f"no controller Service ({SERVICE_SELECTOR}) in the cluster")
+        raise NotInstalledError(f"no controller Service ({SERVICE_SELECTOR}) in the cluster")
     names = [f"{s['metadata']['namespace']}/{s['metadata']['name']}" for s in found]
     if len(found) > 1:
         raise UnavailableError(
@@ -200,7 +205,8 @@ class ControllerSource:
 
 class Chooser:
     """Runs each read on the chosen source: the controller, the API, or (``auto``) the
-    controller when found and answering, else the API, saying why once on ``note``."""
+    controller when found and answering, else the API, saying why once on ``note`` (unless
+    no controller is installed)."""
 
     def __init__(
         self,
@@ -221,6 +227,7 @@ class Chooser:
             except UnavailableError as exc:
                 if self.mode == "controller":
                     raise FailedPreconditionError(str(exc)) from exc
-                self.note(f"reading from the API server (used columns show -): {exc}")
+                if not isinstance(exc, NotInstalledError):
+                    self.note(f"reading from the API server (used columns show -): {exc}")
                 self.mode = "api"
         return fn(self.api)
