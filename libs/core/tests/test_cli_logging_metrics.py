@@ -1,19 +1,20 @@
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import logging
 import sys
 import threading
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import structlog
 from prometheus_client import CollectorRegistry
 
 from gpuslice_core import logging as gs_logging
-from gpuslice_core.cli import EnvArgumentParser
+from gpuslice_core.cli import EnvArgumentParser, positive_seconds, seconds_or_off
 from gpuslice_core.metrics import OperationMetrics, parse_addr, serve
 from gpuslice_core.testing import preserved_logging
 
@@ -40,6 +41,28 @@ def test_env_value_outside_choices_names_the_variable(
     with pytest.raises(SystemExit):
         parser.add_flag("--nvml", env="NVML_BACKEND", help="Backend.", choices=["real", "fake"])
     assert "NVML_BACKEND='mock' must be one of: real, fake" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("parse", "value", "error"),
+    [
+        (positive_seconds, "0", "'0' must be a positive number of seconds"),
+        (positive_seconds, "soon", "'soon' is not a number of seconds"),
+        (seconds_or_off, "-1", "'-1' must be 0 (off) or a positive number of seconds"),
+        (seconds_or_off, "soon", "'soon' is not a number of seconds"),
+    ],
+)
+def test_seconds_flags_name_the_bad_value(
+    parse: Callable[[str], float], value: str, error: str
+) -> None:
+    with pytest.raises(argparse.ArgumentTypeError) as raised:
+        parse(value)
+    assert str(raised.value) == error
+
+
+def test_seconds_flags_take_their_range() -> None:
+    assert positive_seconds("2.5") == 2.5
+    assert seconds_or_off("0") == 0.0 and seconds_or_off("15") == 15.0
 
 
 def test_help_names_every_env_var() -> None:

@@ -77,7 +77,24 @@ def parse_bool(value: str, *, name: str) -> bool:
 
 def positive_seconds(value: str) -> float:
     """A positive number of seconds, for argparse."""
-    number = float(value)
+    number = _number(value)
     if number <= 0:
         raise argparse.ArgumentTypeError(f"{value!r} must be a positive number of seconds")
     return number
+
+
+def seconds_or_off(value: str) -> float:
+    """A number of seconds, or 0 for a feature that is then off, for argparse."""
+    number = _number(value)
+    if number < 0:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} must be 0 (off) or a positive number of seconds"
+        )
+    return number
+
+
+def _number(value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None

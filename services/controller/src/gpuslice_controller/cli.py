@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from gpuslice_controller import __version__
-from gpuslice_core.cli import EnvArgumentParser, positive_seconds
+from gpuslice_core.cli import EnvArgumentParser, positive_seconds, seconds_or_off
 from gpuslice_core.logging import LEVELS
 from gpuslice_view.live import NODE_SELECTOR
 
@@ -31,14 +31,6 @@ def duration(value: str) -> dt.timedelta:
 def names(value: str) -> tuple[str, ...]:
     """A comma-separated list of names."""
     return tuple(n.strip() for n in value.split(",") if n.strip())
-
-
-def seconds_or_off(value: str) -> float:
-    """A number of seconds, at least zero (0 turns the feature off), for argparse."""
-    number = float(value)
-    if number < 0:
-        raise ValueError(f"{value!r} must be 0 (off) or a positive number of seconds")
-    return number
 
 
 def build_parser() -> EnvArgumentParser:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gpuslice_api.nodemode import EXIT_REFUSED
-from gpuslice_core.cli import EnvArgumentParser, parse_bool
+from gpuslice_core.cli import EnvArgumentParser, parse_bool, seconds_or_off
 from gpuslice_core.errors import GpusliceError
 from gpuslice_core.grpcserver import check_health
 from gpuslice_core.logging import LEVELS, configure, get_logger
@@ -38,16 +38,6 @@ def _bool(value: str) -> bool:
         return parse_bool(value, name="value")
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
-
-
-def _seconds(value: str) -> float:
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1.0
-    if seconds < 0:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds >= 0")
-    return seconds
 
 
 def build_parser() -> EnvArgumentParser:
@@ -138,7 +128,7 @@ def build_parser() -> EnvArgumentParser:
     p.add_flag(
         "--config-poll-interval",
         env="CONFIG_POLL_INTERVAL",
-        type=_seconds,
+        type=seconds_or_off,
         default=2.0,
         help=(
             "Seconds between checks of the config file or directory for a changed content,"
