@@ -186,6 +186,12 @@ def test_attach_and_detach_through_the_socket(grpc_socket: Path) -> None:
             raw.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
             reply = raw.recv(4096)
         assert reply[0] == 3 and b"not a gpuslice hook request" in reply  # INVALID_ARGUMENT
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:  # a hook killed mid-call
+            raw.connect(str(attach_socket_for(grpc_socket)))
+            raw.sendall(hook.frame(hook.METHOD_ATTACH, b"\x0a\x05known")[:-3])
+            raw.shutdown(socket.SHUT_WR)
+            reply = raw.recv(4096)
+        assert reply[0] == 3 and b"request cut short: connection closed after 4 of 7" in reply
     finally:
         server.stop()
     assert not attach_socket_for(grpc_socket).exists()

@@ -31,8 +31,10 @@ from gpuslice_enforcer.hook import (
     METHOD_ATTACH,
     METHOD_DETACH,
     STATUS_OK,
+    attached_line,
+    recv_exactly,
 )
-from gpuslice_enforcer.servicer import ContainersServicer, limits_summary
+from gpuslice_enforcer.servicer import ContainersServicer
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
 
 log = get_logger(__name__)
@@ -53,14 +55,18 @@ class CallError(Exception):
         self.code = code
 
 
-def _recv_exactly(conn: socket.socket, size: int) -> bytes:
-    data = bytearray()
-    while len(data) < size:
-        chunk = conn.recv(min(size - len(data), 1 << 16))
-        if not chunk:
-            raise CallError(grpc.StatusCode.INVALID_ARGUMENT, "connection closed mid-request")
-        data += chunk
-    return bytes(data)
+def read_request(conn: socket.socket) -> tuple[int, bytes]:
+    """(method, message) of the one request a connection carries."""
+    try:
+        head = recv_exactly(conn, len(MAGIC) + 5)
+        if head[: len(MAGIC)] != MAGIC:
+            raise CallError(grpc.StatusCode.INVALID_ARGUMENT, "not a gpuslice hook request")
+        method, size = head[len(MAGIC)], int.from_bytes(head[len(MAGIC) + 1 :], "big")
+        if size > MAX_REQUEST:
+            raise CallError(grpc.StatusCode.INVALID_ARGUMENT, f"request of {size} bytes")
+        return method, recv_exactly(conn, size)
+    except EOFError as exc:
+        raise CallError(grpc.StatusCode.INVALID_ARGUMENT, f"request cut short: {exc}") from None
 
 
 class AttachSocketServer:
@@ -132,21 +138,12 @@ class AttachSocketServer:
                 log.info("attach socket client went away before the reply", error=str(exc))
 
     def handle(self, conn: socket.socket) -> str:
-        head = _recv_exactly(conn, len(MAGIC) + 5)
-        if head[: len(MAGIC)] != MAGIC:
-            raise CallError(grpc.StatusCode.INVALID_ARGUMENT, "not a gpuslice hook request")
-        method, size = head[len(MAGIC)], int.from_bytes(head[len(MAGIC) + 1 :], "big")
-        if size > MAX_REQUEST:
-            raise CallError(grpc.StatusCode.INVALID_ARGUMENT, f"request of {size} bytes")
-        body = _recv_exactly(conn, size)
+        method, body = read_request(conn)
         try:
             if method == METHOD_ATTACH:
                 request = pb.AttachContainerRequest.FromString(body)
                 reply = self.servicer.attach(request)
-                return (
-                    f"attached {request.container_id} ({limits_summary(reply.limits)}) "
-                    f"cgroups {list(reply.cgroup_paths)}"
-                )
+                return attached_line(request.container_id, reply)
             if method == METHOD_DETACH:
                 detach = pb.DetachContainerRequest.FromString(body)
                 done = self.servicer.detach(detach).detached

@@ -7,7 +7,7 @@ RPC -> domain call -> response, nothing else: errors are domain errors that
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 
 import grpc
 import structlog
@@ -98,13 +98,6 @@ def limits_pb(share: ShareRecord) -> list[pb.LimitEnforcement]:
             reason=share.cores_reason,
         ),
     ]
-
-
-def limits_summary(limits: Iterable[pb.LimitEnforcement]) -> str:
-    """``MEMORY=MEMORY_PARTITION, CORES=WATCHDOG``: the hook prints it for the runtime's log."""
-    return ", ".join(
-        f"{pb.Resource.Name(lim.resource)}={pb.Mechanism.Name(lim.mechanism)}" for lim in limits
-    )
 
 
 def _pod_pb(pod: PodRef) -> pb.PodReference:
