@@ -203,10 +203,13 @@ def check_health(socket: Path, service: str = "", timeout: float = 2.0) -> bool:
     return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
 
-def wait_for_signal(signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT)) -> int:
-    """Block the main thread until one of ``signals`` arrives; return its number."""
+def wait_for_signal(
+    signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT), done: threading.Event | None = None
+) -> int:
+    """Block the main thread until one of ``signals`` arrives; return its number. With ``done``
+    the signal sets that event, and anything else that sets it ends the wait too (then: 0)."""
     received: list[int] = []
-    done = threading.Event()
+    done = done or threading.Event()
 
     def handler(signum: int, _frame: FrameType | None) -> None:
         received.append(signum)
@@ -218,4 +221,4 @@ def wait_for_signal(signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT)) ->
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
-    return received[0]
+    return received[0] if received else 0

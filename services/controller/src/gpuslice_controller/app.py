@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import socket
 import threading
 from pathlib import Path
-from types import FrameType
 
 from prometheus_client import REGISTRY
 
@@ -35,6 +33,7 @@ from gpuslice_controller.viewapi import ViewApi
 from gpuslice_controller.viewmetrics import ViewCollector
 from gpuslice_core import metrics
 from gpuslice_core.errors import FailedPreconditionError, GpusliceError
+from gpuslice_core.grpcserver import wait_for_signal
 from gpuslice_core.logging import configure, get_logger
 from gpuslice_kube.client import new_api_client
 from gpuslice_kube.discovery import RESOURCE_VERSIONS, served_versions
@@ -93,19 +92,6 @@ class TlsSecretWatch:
             log.error(
                 "TLS secret holds an unusable certificate", secret=self.secret, error=str(exc)
             )
-
-
-def _wait_for_stop(stop: threading.Event) -> int:
-    received: list[int] = []
-
-    def handler(signum: int, _frame: FrameType | None) -> None:
-        received.append(signum)
-        stop.set()
-
-    for s in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(s, handler)
-    stop.wait()
-    return received[0] if received else 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -240,7 +226,7 @@ def _run(args: argparse.Namespace) -> int:
         solo = threading.Thread(target=lead, args=(stop,), name="leader", daemon=True)
         solo.start()
     try:
-        signum = _wait_for_stop(stop)
+        signum = wait_for_signal(done=stop)
         log.info("stopping", signal=signum)
     finally:
         stop.set()
