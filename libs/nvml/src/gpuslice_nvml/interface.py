@@ -27,6 +27,7 @@ from typing import Protocol, Self
 from gpuslice_nvml.types import (
     ComputeInstance,
     ComputeInstanceProfile,
+    ComputeMode,
     DeviceRef,
     GpuInfo,
     GpuInstance,
@@ -202,6 +203,24 @@ class Nvml(Protocol):
     def process_utilization(self, gpu: int, since_us: int = 0) -> list[ProcessUtilization]:
         """Per-process SM/memory utilization samples newer than ``since_us`` (microseconds
         since the epoch); empty when there are none. ``NvmlNotSupported`` in MIG mode."""
+        ...
+
+    def mps_processes(self, device: DeviceRef) -> list[ProcessInfo]:
+        """Processes with an MPS client context on a GPU or MIG device
+        (``nvmlDeviceGetMPSComputeRunningProcesses``). A process that bypassed the GPU's MPS
+        server has a context of its own and is listed by :meth:`running_processes` instead;
+        MPS clients have no per-process utilization (their server has)."""
+        ...
+
+    # -- compute mode ---------------------------------------------------------------------
+    def compute_mode(self, gpu: int) -> ComputeMode:
+        """The GPU's compute mode (``nvmlDeviceGetComputeMode``)."""
+        ...
+
+    def set_compute_mode(self, gpu: int, mode: ComputeMode) -> None:
+        """Set the GPU's compute mode (``nvmlDeviceSetComputeMode``; root). Contexts that
+        exist keep running; the mode applies to contexts created afterwards. It does not
+        survive a driver reload or a reboot."""
         ...
 
     # -- memory partitioning (driver 615+) ------------------------------------------------

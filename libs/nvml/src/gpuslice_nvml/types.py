@@ -263,6 +263,39 @@ class UtilizationRates:
     memory_percent: int
 
 
+class ComputeMode(enum.StrEnum):
+    """A GPU's compute mode (``nvmlComputeMode_t``), by NVML's names.
+
+    ``EXCLUSIVE_PROCESS`` lets one process at a time hold a context on the GPU; an MPS server
+    counts as that one process, so every other CUDA process must go through it. ``PROHIBITED``
+    lets no process create a context.
+    """
+
+    DEFAULT = "DEFAULT"
+    EXCLUSIVE_THREAD = "EXCLUSIVE_THREAD"  # deprecated by NVIDIA; never set by gpuslice
+    PROHIBITED = "PROHIBITED"
+    EXCLUSIVE_PROCESS = "EXCLUSIVE_PROCESS"
+
+    @property
+    def nvml_value(self) -> int:
+        return _COMPUTE_MODE_VALUES[self]
+
+    @classmethod
+    def from_nvml(cls, value: int) -> ComputeMode:
+        for mode, number in _COMPUTE_MODE_VALUES.items():
+            if number == value:
+                return mode
+        raise ValueError(f"unknown NVML compute mode {value}")
+
+
+_COMPUTE_MODE_VALUES = {
+    ComputeMode.DEFAULT: 0,
+    ComputeMode.EXCLUSIVE_THREAD: 1,
+    ComputeMode.PROHIBITED: 2,
+    ComputeMode.EXCLUSIVE_PROCESS: 3,
+}
+
+
 @dataclass(frozen=True, slots=True)
 class ProcessInfo:
     """A compute process on a GPU or MIG device (``nvmlDeviceGetComputeRunningProcesses``)."""

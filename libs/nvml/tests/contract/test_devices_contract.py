@@ -8,7 +8,7 @@ import pytest
 
 from gpuslice_nvml import errors as e
 from gpuslice_nvml.interface import Nvml
-from gpuslice_nvml.types import TopologyLevel
+from gpuslice_nvml.types import ComputeMode, TopologyLevel
 
 UUID = re.compile(r"^GPU-[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}$")
 BUS_ID = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
@@ -72,3 +72,14 @@ def test_processes(nvml: Nvml) -> None:
         if not gpu.mig_enabled:
             for sample in nvml.process_utilization(gpu.index):
                 assert sample.pid > 0 and 0 <= sample.sm_percent <= 100
+
+
+def test_compute_mode_and_mps_clients(nvml: Nvml) -> None:
+    """Read-only: the mode is a known one, MPS clients and contexts of their own are apart."""
+    for gpu in nvml.gpus():
+        assert nvml.compute_mode(gpu.index) in set(ComputeMode)
+        mps = {p.pid for p in nvml.mps_processes(gpu.index)}
+        own = {p.pid for p in nvml.running_processes(gpu.index)}
+        assert not mps & own, "a process is either an MPS client or has a context of its own"
+    with pytest.raises(e.NvmlInvalidArgument):
+        nvml.compute_mode(nvml.device_count())

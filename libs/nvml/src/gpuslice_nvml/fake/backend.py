@@ -31,6 +31,7 @@ from gpuslice_nvml.types import (
     MIB,
     ComputeInstance,
     ComputeInstanceProfile,
+    ComputeMode,
     DeviceRef,
     GpuInfo,
     GpuInstance,
@@ -246,10 +247,19 @@ class FakeNvml(Nvml):
 
     # -- processes ------------------------------------------------------------------------
     def running_processes(self, device: DeviceRef) -> list[ProcessInfo]:
+        return self._processes(device, False, f"nvmlDeviceGetComputeRunningProcesses({device})")
+
+    def mps_processes(self, device: DeviceRef) -> list[ProcessInfo]:
+        return self._processes(device, True, f"nvmlDeviceGetMPSComputeRunningProcesses({device})")
+
+    def _processes(self, device: DeviceRef, mps_clients: bool, what: str) -> list[ProcessInfo]:
         state = self.store.read()
-        what = f"nvmlDeviceGetComputeRunningProcesses({device})"
         target: Target = resolve(self.node, state, device, what)
-        return [process_info(self.node, p) for p in live_processes(state) if target.holds(p)]
+        return [
+            process_info(self.node, p)
+            for p in live_processes(state)
+            if target.holds(p) and p.mps_client == mps_clients
+        ]
 
     def process_utilization(self, gpu: int, since_us: int = 0) -> list[ProcessUtilization]:
         what = f"nvmlDeviceGetProcessUtilization(GPU {gpu})"
@@ -260,13 +270,27 @@ class FakeNvml(Nvml):
         now_us = int(self._wall_clock() * 1_000_000)
         if now_us <= since_us:
             return []
-        procs = [
-            p for p in live_processes(state) if p.gpu == gpu and (p.sm_percent or p.memory_percent)
+        procs = [  # MPS clients have no samples of their own: their server's context runs them
+            p
+            for p in live_processes(state)
+            if p.gpu == gpu and not p.mps_client and (p.sm_percent or p.memory_percent)
         ]
         return [
             ProcessUtilization(p.pid, now_us, self._windows.sm_percent(p), p.memory_percent)
             for p in procs
         ]
+
+    # -- compute mode ---------------------------------------------------------------------
+    def compute_mode(self, gpu: int) -> ComputeMode:
+        what = f"nvmlDeviceGetComputeMode(GPU {gpu})"
+        _, gs = live_gpu(self.node, self.store.read(), gpu, what)
+        return ComputeMode(gs.compute_mode)
+
+    def set_compute_mode(self, gpu: int, mode: ComputeMode) -> None:
+        what = f"nvmlDeviceSetComputeMode(GPU {gpu}, {mode})"
+        with self.store.transaction() as state:
+            _, gs = live_gpu(self.node, state, gpu, what)
+            gs.compute_mode = ComputeMode(mode).value
 
     # -- memory partitioning (driver 615+) ------------------------------------------------
     def set_memory_limits(self, gpu: int, namespace: str, soft_limit: int, hard_limit: int) -> None:

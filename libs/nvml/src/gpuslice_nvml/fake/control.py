@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpuslice_nvml import errors as e
-from gpuslice_nvml.fake import activity, partition
+from gpuslice_nvml.fake import activity, contexts, partition
 from gpuslice_nvml.fake.activity import SmAccounting, live_processes
 from gpuslice_nvml.fake.lookup import gpu_by_index, memory_total, memory_used, resolve
 from gpuslice_nvml.fake.lookup import process_info as _process_info
@@ -50,6 +50,7 @@ class FakeNvmlControl:
         memory_percent: int = 0,
         real: bool = False,
         accounting: str = "constant",
+        mps_pipe_dir: str | None = None,
     ) -> ProcessInfo:
         """Start (or update) process ``pid`` on a GPU or MIG device.
 
@@ -61,6 +62,11 @@ class FakeNvmlControl:
         against the memory-partitioning limits of its cgroup (an allocation past a hard limit is
         ``NvmlInsufficientMemory``), and it uses no SM while frozen; ``accounting="runnable"``
         measures its SM use from its runnable time (for processes that spin).
+
+        ``mps_pipe_dir`` is the process's ``CUDA_MPS_PIPE_DIRECTORY`` (``None``: unset, CUDA's
+        default). Where a live MPS control daemon serving the GPU answers there, the process is
+        an MPS client; otherwise it has a context of its own, which the GPU's compute mode may
+        refuse (``NvmlInUse``; see ``gpuslice_nvml.fake.contexts``).
         """
         what = f"add process {pid} on {device}"
         _check_percent(sm_percent, "sm_percent", what)
@@ -90,7 +96,15 @@ class FakeNvmlControl:
                 used_memory=0,
                 sm_percent=sm_percent,
                 memory_percent=memory_percent,
+                mps_client=(
+                    target.gpu_instance_id is None
+                    and contexts.serving_daemon(mps_pipe_dir, target.gpu.uuid)
+                ),
             )
+            if old and activity.live(old[0]):
+                process.mps_client = old[0].mps_client  # an update keeps the context it has
+            else:
+                contexts.admit(state, process, what)
             if real:
                 activity.attach_real(process, accounting, self._now_ns(), what)
                 if old and activity.live(old[0]):

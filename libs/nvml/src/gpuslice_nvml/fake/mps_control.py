@@ -334,6 +334,7 @@ class Daemon:
     def snapshot(self) -> dict[str, Any]:
         return {
             "pid": os.getpid(),
+            "visibleDevices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
             "protocol": self.protocol,
             "multiuser": self.multiuser,
             "servers": {name: asdict(s) for name, s in self.servers.items()},

@@ -49,6 +49,8 @@ class GpuState(_Model):
     mig_current: bool = False
     mig_pending: bool = False
     lost: bool = False
+    #: ``ComputeMode`` by name; the driver's default is DEFAULT.
+    compute_mode: str = "DEFAULT"
     gpu_instances: list[GiState] = []
 
 
@@ -60,6 +62,9 @@ class ProcessState(_Model):
     used_memory: int = 0
     sm_percent: int = 0
     memory_percent: int = 0
+    #: An MPS client (its work runs in the MPS server's context; see ``fake.contexts``), as
+    #: opposed to a process with a context of its own.
+    mps_client: bool = False
     #: Backed by a live OS process (see ``fake.procfs``): it vanishes when that process exits,
     #: its cgroup's memory limits apply, and it uses no SM while frozen.
     real: bool = False

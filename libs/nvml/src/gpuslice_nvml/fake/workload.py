@@ -9,8 +9,12 @@ cgroup apply to its allocations, and it uses SM only while it is not frozen. Wit
 accounted from its runnable time (``accounting="runnable"``): throttling it with the cgroup
 freezer shows in NVML's per-process utilization and in ``FakeNvmlControl.sm_accounting``.
 
+Like a CUDA program it uses the MPS daemon of ``$CUDA_MPS_PIPE_DIRECTORY`` when one serves its
+GPU there (it is then an MPS client), and otherwise a context of its own (``fake.contexts``).
+
 It prints ``ready <pid>`` once registered (``oom <reason>`` and exit status 2 if the initial
-``--memory`` does not fit), then reads commands from stdin, one per line, answering each with
+``--memory`` does not fit; ``unavailable <reason>`` and exit status 3 if the GPU's compute mode
+refuses it a context), then reads commands from stdin, one per line, answering each with
 one line:
 
     alloc <bytes>   -> ok <bytes used>   | oom <reason>     (cudaMalloc)
@@ -34,7 +38,7 @@ from types import FrameType
 
 from gpuslice_core.cli import EnvArgumentParser
 from gpuslice_core.errors import GpusliceError
-from gpuslice_nvml.errors import NvmlInsufficientMemory
+from gpuslice_nvml.errors import NvmlInsufficientMemory, NvmlInUse
 from gpuslice_nvml.fake.control import FakeNvmlControl
 from gpuslice_nvml.fake.ctl import parse_bytes, parse_device
 from gpuslice_nvml.types import DeviceRef
@@ -112,10 +116,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             sm_percent=args.sm,
             real=True,
             accounting=accounting,
+            mps_pipe_dir=os.environ.get("CUDA_MPS_PIPE_DIRECTORY"),
         )
     except NvmlInsufficientMemory as exc:
         print(f"oom {exc}", flush=True)
         return 2
+    except NvmlInUse as exc:  # the compute mode refuses a context, as CUDA would at cuInit
+        print(f"unavailable {exc}", flush=True)
+        return 3
 
     def on_term(_signum: int, _frame: FrameType | None) -> None:
         workload.stop.set()

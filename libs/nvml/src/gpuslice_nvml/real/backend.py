@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pynvml
@@ -24,6 +24,7 @@ from gpuslice_nvml.real.topology import NvLinkEnd, nvlink_ends, nvlinks_between
 from gpuslice_nvml.types import (
     ComputeInstance,
     ComputeInstanceProfile,
+    ComputeMode,
     DeviceRef,
     GpuInfo,
     GpuInstance,
@@ -358,24 +359,38 @@ class RealNvml(Nvml):
     # -- processes ------------------------------------------------------------------------
     def running_processes(self, device: DeviceRef) -> list[ProcessInfo]:
         what = f"nvmlDeviceGetComputeRunningProcesses({device})"
+        return self._processes_of(device, pynvml.nvmlDeviceGetComputeRunningProcesses, what)
+
+    def mps_processes(self, device: DeviceRef) -> list[ProcessInfo]:
+        what = f"nvmlDeviceGetMPSComputeRunningProcesses({device})"
+        return self._processes_of(device, pynvml.nvmlDeviceGetMPSComputeRunningProcesses, what)
+
+    def _processes_of(
+        self, device: DeviceRef, call: Callable[[Any], Any], what: str
+    ) -> list[ProcessInfo]:
         index, h, mig = self._resolve(device, what)
         if mig is not None:
             targets = [mig]
         else:
             mode = self._mig_mode_or_none(index)
             if mode is None or not mode.current:
-                return self._processes(index, h, self._uuids[index], None, what)
+                return self._processes(index, h, self._uuids[index], None, call, what)
             targets = m.mig_handles(h)
         result = []
         for t in targets:
-            result.extend(self._processes(index, t.handle, t.uuid, t, what))
+            result.extend(self._processes(index, t.handle, t.uuid, t, call, what))
         return result
 
     @staticmethod
     def _processes(
-        index: int, h: Any, uuid: str, mig: m.MigHandle | None, what: str
+        index: int,
+        h: Any,
+        uuid: str,
+        mig: m.MigHandle | None,
+        call: Callable[[Any], Any],
+        what: str,
     ) -> list[ProcessInfo]:
-        procs = c.call(what, pynvml.nvmlDeviceGetComputeRunningProcesses, h)
+        procs = c.call(what, call, h)
         return [
             ProcessInfo(
                 pid=int(p.pid),
@@ -401,6 +416,17 @@ class RealNvml(Nvml):
             ProcessUtilization(int(s.pid), int(s.timeStamp), int(s.smUtil), int(s.memUtil))
             for s in samples
         ]
+
+    # -- compute mode ---------------------------------------------------------------------
+    def compute_mode(self, gpu: int) -> ComputeMode:
+        what = f"nvmlDeviceGetComputeMode(GPU {gpu})"
+        h = self._handle(gpu, what)
+        return ComputeMode.from_nvml(int(c.call(what, pynvml.nvmlDeviceGetComputeMode, h)))
+
+    def set_compute_mode(self, gpu: int, mode: ComputeMode) -> None:
+        what = f"nvmlDeviceSetComputeMode(GPU {gpu}, {mode.value})"
+        h = self._handle(gpu, what)
+        c.call(what, pynvml.nvmlDeviceSetComputeMode, h, mode.nvml_value)
 
     # -- memory partitioning (driver 615+) ------------------------------------------------
     def set_memory_limits(self, gpu: int, namespace: str, soft_limit: int, hard_limit: int) -> None:
