@@ -11,6 +11,7 @@ from gpuslice_enforcer.capabilities import Capability, GpuCapabilities, choose, 
 from gpuslice_enforcer.cgroups import CgroupView
 from gpuslice_enforcer.config import EnforcerConfig
 from gpuslice_enforcer.state import Level, Mechanism, Mode
+from gpuslice_nvml import ComputeMode
 from gpuslice_nvml.fake import FakeNvml
 
 GIB = 1 << 30
@@ -23,6 +24,7 @@ def gpu(
     legacy: Capability = NO,
     mig: Capability = NO,
     index: int = 0,
+    exclusive: Capability = YES,
 ) -> GpuCapabilities:
     return GpuCapabilities(
         index=index,
@@ -33,6 +35,7 @@ def gpu(
         mps_protocol3=mps3,
         mps_legacy=legacy,
         mig=mig,
+        exclusive=exclusive,
     )
 
 
@@ -101,3 +104,48 @@ def test_probe_on_the_fake(tmp_path: Path) -> None:
     assert not t4.mps_protocol3.available and "615" in t4.mps_protocol3.reason
     assert t4.mps_legacy.available  # Turing is newer than Volta
     assert h100.mig.available and not h100.mps_legacy.available
+
+
+LEFT = Capability(False, "compute mode DEFAULT is left as it is (--compute-mode=leave)")
+
+
+def test_mps_is_hard_only_where_no_process_can_run_beside_the_server() -> None:
+    assert gpu(NO, NO, YES).level is Level.HARD
+    assert gpu(NO, NO, YES, exclusive=LEFT).level is Level.SOFT
+    assert gpu(YES, NO, NO, exclusive=LEFT).level is Level.SOFT  # cores by the watchdog anyway
+    choice = choose(
+        [gpu(NO, NO, YES, exclusive=LEFT)],
+        mode=Mode.AUTO,
+        strict=False,
+        cores_percent=30,
+        memory_bytes=GIB,
+    )
+    assert (choice.memory, choice.cores) == (Mechanism.MPS_LEGACY, Mechanism.MPS_LEGACY)
+    assert not choice.mps_exclusive
+    assert "SOFT: compute mode DEFAULT" in choice.cores_reason
+    assert "SOFT: compute mode DEFAULT" in choice.memory_reason
+    with pytest.raises(FailedPreconditionError, match=r"cores: .*--compute-mode=leave"):
+        pick([gpu(NO, NO, YES, exclusive=LEFT)], Mode.HARD, strict=True)
+    # memory partitioning holds every process whatever the compute mode
+    assert pick([gpu(YES, NO, YES, exclusive=LEFT)]) == ("memory-partition", "mps-legacy")
+
+
+def test_the_probe_reads_the_compute_mode(tmp_path: Path) -> None:
+    config = tmp_path / "node.yaml"
+    config.write_text('name: n\ndriverVersion: "580.1"\nstatePath: s.json\ngpus:\n  - model: L4\n')
+    fake = FakeNvml.from_config_file(config)
+    manage = EnforcerConfig(socket=tmp_path / "s", state_dir=tmp_path, mps_control=("/bin/true",))
+    leave = EnforcerConfig(
+        socket=tmp_path / "s",
+        state_dir=tmp_path,
+        mps_control=("/bin/true",),
+        manage_compute_mode=False,
+    )
+    views = CgroupView(mounts=())
+    assert probe(fake, manage, views)[0].exclusive.available
+    assert probe(fake, manage, views)[0].level is Level.HARD
+    assert not probe(fake, leave, views)[0].exclusive.available
+    assert probe(fake, leave, views)[0].level is Level.SOFT
+    fake.set_compute_mode(0, ComputeMode.EXCLUSIVE_PROCESS)  # the operator's choice
+    assert probe(fake, leave, views)[0].exclusive.available
+    assert probe(fake, leave, views)[0].level is Level.HARD

@@ -9,6 +9,13 @@ Each GPU is probed for the mechanisms this node can use on it, strongest first:
 * legacy MPS: the control command present, Volta (compute capability 7.0) or newer, not MIG;
 * the watchdog: always (NVML per-process sampling).
 
+MPS holds only processes that go through the MPS server. Whether every process of a share must
+do so is the GPU's compute mode: in EXCLUSIVE_PROCESS only the server may hold a context. The
+probe reports it as ``exclusive``: available when the GPU is in that mode, or when the enforcer
+will put it there while it serves MPS shares (``--compute-mode=exclusive``, the default). An MPS
+mechanism without it is SOFT — a process that ignores the pipe directory runs beside the server,
+and only the watchdog's backstop holds it.
+
 Every answer carries its reason, so "why is my share soft" has an answer in GetCapabilities and
 in each CreateShare limit.
 """
@@ -20,8 +27,15 @@ from dataclasses import dataclass
 from gpuslice_core.errors import FailedPreconditionError
 from gpuslice_enforcer.cgroups import CgroupView
 from gpuslice_enforcer.config import EnforcerConfig
-from gpuslice_enforcer.state import Level, Mechanism, Mode, level_of
-from gpuslice_nvml import MEMORY_PARTITIONING_MIN_DRIVER, GpuInfo, Nvml, NvmlError, driver_major
+from gpuslice_enforcer.state import Level, Mechanism, Mode, hard, level_of
+from gpuslice_nvml import (
+    MEMORY_PARTITIONING_MIN_DRIVER,
+    ComputeMode,
+    GpuInfo,
+    Nvml,
+    NvmlError,
+    driver_major,
+)
 from gpuslice_nvml.errors import NvmlFunctionNotFound
 
 VOLTA = (7, 0)
@@ -43,6 +57,9 @@ class GpuCapabilities:
     mps_protocol3: Capability
     mps_legacy: Capability
     mig: Capability
+    #: Only the MPS server may hold a context (EXCLUSIVE_PROCESS compute mode, now or while
+    #: the GPU serves MPS shares): MPS then holds every process of a share.
+    exclusive: Capability
 
     @property
     def memory_mechanism(self) -> Mechanism:
@@ -60,7 +77,9 @@ class GpuCapabilities:
 
     @property
     def level(self) -> Level:
-        return level_of(self.memory_mechanism, self.cores_mechanism)
+        return level_of(
+            self.memory_mechanism, self.cores_mechanism, mps_exclusive=self.exclusive.available
+        )
 
 
 def probe_gpu(
@@ -103,6 +122,30 @@ def probe_gpu(
         mps_protocol3=mps(True),
         mps_legacy=mps(False),
         mig=mig,
+        exclusive=_exclusive(nvml, gpu, config),
+    )
+
+
+def _exclusive(nvml: Nvml, gpu: GpuInfo, config: EnforcerConfig) -> Capability:
+    try:
+        mode = nvml.compute_mode(gpu.index)
+    except NvmlError as exc:
+        return Capability(False, f"the GPU's compute mode cannot be read: {exc}")
+    if mode is ComputeMode.EXCLUSIVE_PROCESS:
+        return Capability(
+            True, "compute mode EXCLUSIVE_PROCESS: no process can run beside the MPS server"
+        )
+    if config.manage_compute_mode:
+        return Capability(
+            True,
+            f"compute mode {mode.value}, set to EXCLUSIVE_PROCESS while the GPU serves MPS "
+            "shares: no process can run beside the MPS server",
+        )
+    return Capability(
+        False,
+        f"compute mode {mode.value} is left as it is (--compute-mode=leave): a process that "
+        "does not use the MPS pipe directory runs beside the MPS server, held only by the "
+        "watchdog",
     )
 
 
@@ -147,6 +190,8 @@ class Choice:
     memory_reason: str
     cores: Mechanism
     cores_reason: str
+    #: See ``GpuCapabilities.exclusive``; meaningful for MPS mechanisms.
+    mps_exclusive: bool = True
 
 
 def choose(
@@ -203,18 +248,26 @@ def choose(
         memory_reason = f"memory partitioning: {unavailable.memory_partitioning.reason}"
         if single:
             memory_reason += f"; MPS: {cores_reason}"
-    if mode is Mode.HARD and strict and not (memory.hard and cores.hard):
+    exclusive = all(g.exclusive.available for g in gpus)
+    if cores.mps and not exclusive:
+        soft = f"; SOFT: {gpus[0].exclusive.reason}"
+        cores_reason += soft
+        if memory.mps:
+            memory_reason += soft
+    memory_hard = hard(memory, mps_exclusive=exclusive)
+    cores_hard = hard(cores, mps_exclusive=exclusive)
+    if mode is Mode.HARD and strict and not (memory_hard and cores_hard):
         weak = []
-        if not memory.hard:
+        if not memory_hard:
             weak.append(f"memory: {memory_reason}")
-        if not cores.hard:
+        if not cores_hard:
             weak.append(f"cores: {cores_reason}")
         raise FailedPreconditionError(
             "strict hard enforcement is not available on "
-            f"{', '.join(g.uuid for g in gpus)} (only the soft watchdog is): {'; '.join(weak)}"
+            f"{', '.join(g.uuid for g in gpus)}: {'; '.join(weak)}"
         )
-    if not memory.hard:
+    if memory is Mechanism.WATCHDOG:
         memory_reason += "; using the watchdog (soft)"
-    if not cores.hard:
+    if cores is Mechanism.WATCHDOG:
         cores_reason += "; using the watchdog (soft)"
-    return Choice(memory, memory_reason, cores, cores_reason)
+    return Choice(memory, memory_reason, cores, cores_reason, mps_exclusive=exclusive)

@@ -13,7 +13,12 @@ from gpuslice_core.cli import EnvArgumentParser
 from gpuslice_core.errors import GpusliceError
 from gpuslice_core.grpcserver import wait_for_signal
 from gpuslice_core.metrics import serve as serve_metrics
-from gpuslice_enforcer.config import MEMORY_ACTIONS, SM_ACTIONS, EnforcerConfig
+from gpuslice_enforcer.config import (
+    COMPUTE_MODE_POLICIES,
+    MEMORY_ACTIONS,
+    SM_ACTIONS,
+    EnforcerConfig,
+)
 from gpuslice_enforcer.server import Enforcer
 from gpuslice_nvml import add_nvml_arguments, nvml_from_args
 
@@ -139,6 +144,18 @@ def build_parser() -> EnvArgumentParser:
         env="ENFORCER_MPS_MULTIUSER",
         help="Start legacy MPS daemons in multi-user mode (-m).",
     )
+    p.add_flag(
+        "--compute-mode",
+        env="ENFORCER_COMPUTE_MODE",
+        default="exclusive",
+        choices=COMPUTE_MODE_POLICIES,
+        help=(
+            "exclusive: while a GPU serves MPS shares, set its compute mode to EXCLUSIVE_PROCESS "
+            "so that no process can run beside the MPS server, and restore the mode it had "
+            "when the last MPS share leaves; leave: never change compute modes (MPS shares "
+            "are then SOFT unless the GPU already is EXCLUSIVE_PROCESS)."
+        ),
+    )
     p.add_bool_flag(
         "--stop-mps-on-exit",
         env="ENFORCER_STOP_MPS_ON_EXIT",
@@ -175,6 +192,7 @@ def config_from_args(args: argparse.Namespace) -> EnforcerConfig:
         mps_multiuser=args.mps_multiuser,
         mps_env=mps_env,
         keep_mps_on_exit=not args.stop_mps_on_exit,
+        manage_compute_mode=args.compute_mode == "exclusive",
     )
 
 

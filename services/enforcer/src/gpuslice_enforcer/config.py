@@ -8,6 +8,7 @@ from pathlib import Path
 
 MEMORY_ACTIONS = ("kill", "report")
 SM_ACTIONS = ("throttle", "report")
+COMPUTE_MODE_POLICIES = ("exclusive", "leave")
 CONTAINER_MPS_DIR = "/var/run/gpuslice/mps"
 
 
@@ -47,6 +48,9 @@ class EnforcerConfig:
     mps_env: dict[str, str] = field(default_factory=dict)
     #: Thaw frozen shares and leave MPS daemons running at shutdown (False stops the daemons).
     keep_mps_on_exit: bool = True
+    #: Hold GPUs that serve MPS shares in EXCLUSIVE_PROCESS compute mode (and restore the mode
+    #: found after the last one); False never changes a compute mode (``--compute-mode=leave``).
+    manage_compute_mode: bool = True
 
     @property
     def effective_hook_socket(self) -> Path:

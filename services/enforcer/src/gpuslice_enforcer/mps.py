@@ -140,6 +140,33 @@ class MpsManager:
             f"the MPS control daemon for GPU {gpu_uuid} did not answer within {START_TIMEOUT_S}s"
         )
 
+    def running_daemons(self) -> list[DaemonRecord]:
+        """Live control daemons found in the GPUs' pipe directories under the MPS root,
+        recorded or not (a protocol is not known from outside: they are stopped with ``quit``,
+        then killed)."""
+        found = []
+        for pid_file in sorted(self.config.mps_root.glob(f"*/{PID_FILE}")):
+            gpu = pid_file.parent.name
+            try:
+                pid = int(pid_file.read_text().strip())
+            except (OSError, ValueError):
+                continue
+            started = start_time(pid)
+            if not gpu.isdigit() or started is None:
+                continue
+            found.append(
+                DaemonRecord(
+                    gpu_uuid="",
+                    gpu_index=int(gpu),
+                    protocol=2,
+                    pipe_dir=str(pid_file.parent),
+                    log_dir=str(self.config.mps_root / "log" / gpu),
+                    pid=pid,
+                    start_time=started,
+                )
+            )
+        return found
+
     def stop(self, record: DaemonRecord) -> None:
         """Quit the daemon (and its servers); kill it if it does not go."""
         if not self.alive(record):

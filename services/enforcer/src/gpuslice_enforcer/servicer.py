@@ -116,6 +116,7 @@ def capabilities_pb(gpu: GpuCapabilities) -> pb.GpuCapabilities:
         mps_protocol3=_capability_pb(gpu.mps_protocol3),
         mps_legacy=_capability_pb(gpu.mps_legacy),
         mig=_capability_pb(gpu.mig),
+        exclusive_compute=_capability_pb(gpu.exclusive),
         level=_LEVELS[gpu.level],
         memory_mechanism=mechanism_pb(gpu.memory_mechanism),
         cores_mechanism=mechanism_pb(gpu.cores_mechanism),

@@ -28,7 +28,7 @@ from gpuslice_core.errors import (
     NotFoundError,
 )
 from gpuslice_core.logging import get_logger
-from gpuslice_enforcer.capabilities import GpuCapabilities, choose, probe, probe_gpu
+from gpuslice_enforcer.capabilities import Choice, GpuCapabilities, choose, probe, probe_gpu
 from gpuslice_enforcer.cgroups import CgroupView, start_time
 from gpuslice_enforcer.config import EnforcerConfig
 from gpuslice_enforcer.edits import container_edits
@@ -42,7 +42,7 @@ from gpuslice_enforcer.state import (
     PodRef,
     ShareRecord,
 )
-from gpuslice_nvml import MEMORY_LIMIT_MAX, Nvml, NvmlError
+from gpuslice_nvml import MEMORY_LIMIT_MAX, ComputeMode, Nvml, NvmlError
 
 log = get_logger(__name__)
 
@@ -125,9 +125,22 @@ class ShareManager:
         with self._lock, self.store.transaction() as state:
             for daemon in list(state.daemons.values()):
                 self._supervise(state, daemon)
+            self._stop_unknown_daemons(state)
+            self._reconcile_compute_modes(state)
             self._publish(state)
         log.info("shares restored", shares=len(state.shares), daemons=len(state.daemons))
         return state
+
+    def _stop_unknown_daemons(self, state: EnforcerState) -> None:
+        """Quit MPS daemons under our MPS root that the checkpoint does not know (a lost or
+        set-aside checkpoint): no share uses them, and they would hold their GPUs."""
+        known = {d.pipe_dir for d in state.daemons.values()}
+        for found in self.mps.running_daemons():
+            if found.pipe_dir not in known:
+                log.warning(
+                    "stopping an MPS daemon no share uses", pid=found.pid, pipe=found.pipe_dir
+                )
+                self.mps.stop(found)
 
     def _refresh_uuids(self) -> None:
         uuids = {}
@@ -202,6 +215,7 @@ class ShareManager:
                 }
             )
             if choice.cores.mps:
+                share.mps_exclusive = self._exclusive_for(state, share, gpus[0], choice)
                 share.mps_pipe_dir = self._setup_mps(state, share, gpus[0])
             state.shares[share.claim_uid] = share
             self._publish(state)
@@ -230,6 +244,27 @@ class ShareManager:
                 )
             gpus.append(probe_gpu(self.nvml, self.nvml.gpu(index), self.config, self.cgroups))
         return gpus
+
+    def _exclusive_for(
+        self, state: EnforcerState, share: ShareRecord, gpu: GpuCapabilities, choice: Choice
+    ) -> bool:
+        """Hold the GPU in EXCLUSIVE_PROCESS for an MPS share where the enforcer manages the
+        compute mode; whether the share's MPS limits then hold every process (HARD)."""
+        if not choice.mps_exclusive or not self.config.manage_compute_mode:
+            return choice.mps_exclusive
+        try:
+            self._hold_exclusive(state, gpu.uuid)
+        except NvmlError as exc:
+            why = f"; SOFT: compute mode EXCLUSIVE_PROCESS could not be set: {exc}"
+            if share.mode is Mode.HARD and share.strict:
+                raise FailedPreconditionError(
+                    f"strict hard enforcement is not available on {gpu.uuid}{why}"
+                ) from exc
+            share.cores_reason += why
+            if share.memory_mechanism.mps:
+                share.memory_reason += why
+            return False
+        return True
 
     def _setup_mps(self, state: EnforcerState, share: ShareRecord, gpu: GpuCapabilities) -> str:
         protocol = 3 if share.cores_mechanism is Mechanism.MPS_PROTOCOL3 else 2
@@ -291,6 +326,89 @@ class ShareManager:
         if not still_used:
             self.mps.stop(daemon)
             del state.daemons[uuid]
+            self._restore_compute_mode(state, uuid)
+
+    # -- compute mode ---------------------------------------------------------------------
+    def _hold_exclusive(self, state: EnforcerState, uuid: str) -> None:
+        """Put the GPU in EXCLUSIVE_PROCESS, recording (and committing) the mode it had first."""
+        index = self._index(uuid)
+        mode = self.nvml.compute_mode(index)
+        if mode is ComputeMode.EXCLUSIVE_PROCESS:
+            return  # ours already, or the operator's (then it is not restored)
+        if uuid not in state.compute_modes:
+            state.compute_modes[uuid] = mode.value
+            self.store.save(state)  # the record first: a crash now leaves it to be restored
+        self.nvml.set_compute_mode(index, ComputeMode.EXCLUSIVE_PROCESS)
+        log.info("compute mode set", gpu=uuid, mode="EXCLUSIVE_PROCESS", was=mode.value)
+
+    def _restore_compute_mode(self, state: EnforcerState, uuid: str) -> None:
+        """Give the GPU back the compute mode it had before its MPS shares; a failure keeps the
+        record, and the supervisor tries again."""
+        original = state.compute_modes.get(uuid)
+        if original is None:
+            return
+        index = self._uuids.get(uuid)
+        try:
+            if index is not None:
+                current = self.nvml.compute_mode(index)
+                if current is ComputeMode.EXCLUSIVE_PROCESS and original != current.value:
+                    self.nvml.set_compute_mode(index, ComputeMode(original))
+                    log.info("compute mode restored", gpu=uuid, mode=original)
+        except NvmlError as exc:
+            log.warning("compute mode not restored yet", gpu=uuid, mode=original, error=str(exc))
+            return
+        del state.compute_modes[uuid]
+
+    def _reconcile_compute_modes(self, state: EnforcerState) -> None:
+        """Exclusive while a GPU serves MPS shares (after a driver reload, too), the recorded
+        mode once it serves none — or whenever the enforcer no longer manages compute modes,
+        which turns the MPS shares of a GPU that is not exclusive SOFT."""
+        held = self._held_exclusive(state)
+        for uuid in list(state.compute_modes):
+            if uuid not in held:
+                self._restore_compute_mode(state, uuid)
+        for uuid in held:
+            try:
+                self._hold_exclusive(state, uuid)
+            except (NvmlError, NotFoundError) as exc:
+                log.warning("compute mode not held", gpu=uuid, error=str(exc))
+        if self.config.manage_compute_mode:
+            return
+        for share in state.shares.values():
+            if (
+                share.cores_mechanism.mps
+                and share.mps_exclusive
+                and not self._exclusive_now(share.device_uuids[0])
+            ):
+                share.mps_exclusive = False
+                share.cores_reason += "; SOFT: the GPU is no longer in EXCLUSIVE_PROCESS mode"
+
+    def _held_exclusive(self, state: EnforcerState) -> set[str]:
+        """GPUs the enforcer holds in EXCLUSIVE_PROCESS: those serving MPS shares made HARD."""
+        if not self.config.manage_compute_mode:
+            return set()
+        return {
+            s.device_uuids[0]
+            for s in state.shares.values()
+            if s.cores_mechanism.mps and s.mps_exclusive
+        }
+
+    def _exclusive_now(self, uuid: str) -> bool:
+        index = self._uuids.get(uuid)
+        try:
+            return index is not None and (
+                self.nvml.compute_mode(index) is ComputeMode.EXCLUSIVE_PROCESS
+            )
+        except NvmlError:
+            return False
+
+    def _index(self, uuid: str) -> int:
+        if uuid not in self._uuids:
+            self._refresh_uuids()
+        index = self._uuids.get(uuid)
+        if index is None:
+            raise NotFoundError(f"no GPU {uuid} on this node")
+        return index
 
     # -- containers -----------------------------------------------------------------------
     def attach(self, req: AttachRequest) -> AttachResult:
@@ -372,15 +490,31 @@ class ShareManager:
 
     # -- MPS supervision ------------------------------------------------------------------
     def supervise(self) -> None:
-        """Restart dead MPS daemons and re-create their namespaces (called periodically)."""
+        """Restart dead MPS daemons and re-create their namespaces, and keep compute modes
+        as they must be (called periodically)."""
         with self._lock:
-            daemons = self.store.load().state.daemons.values()
-            if all(self.mps.alive(d) for d in daemons):
+            loaded = self.store.load().state
+            if all(self.mps.alive(d) for d in loaded.daemons.values()) and self._modes_ok(loaded):
                 return
             with self.store.transaction() as state:
                 for daemon in list(state.daemons.values()):
                     self._supervise(state, daemon)
+                self._reconcile_compute_modes(state)
                 self._publish(state)
+
+    def _modes_ok(self, state: EnforcerState) -> bool:
+        """Nothing for :meth:`_reconcile_compute_modes` to do: no record waits to be restored,
+        and every GPU held exclusive still is."""
+        held = self._held_exclusive(state)
+        if set(state.compute_modes) - held:
+            return False
+        if not self.config.manage_compute_mode:
+            return all(
+                not (s.cores_mechanism.mps and s.mps_exclusive)
+                or self._exclusive_now(s.device_uuids[0])
+                for s in state.shares.values()
+            )
+        return all(self._exclusive_now(uuid) for uuid in held)
 
     def _supervise(self, state: EnforcerState, daemon: DaemonRecord) -> None:
         users = [

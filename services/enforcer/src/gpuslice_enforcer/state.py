@@ -47,13 +47,23 @@ class Level(enum.StrEnum):
     NONE = "none"
 
 
-def level_of(*mechanisms: Mechanism) -> Level:
-    """The weakest level among the mechanisms: what a claim can rely on."""
+def level_of(*mechanisms: Mechanism, mps_exclusive: bool = True) -> Level:
+    """The weakest level among the mechanisms: what a claim can rely on.
+
+    MPS holds only the processes that go through the MPS server; unless the GPU is in
+    EXCLUSIVE_PROCESS compute mode (``mps_exclusive``), a process can bypass it with a context
+    of its own, so an MPS mechanism is then SOFT (the watchdog is what holds such a process).
+    """
     if all(m is Mechanism.NONE for m in mechanisms):
         return Level.NONE
-    if all(m.hard or m is Mechanism.NONE for m in mechanisms):
+    if all(hard(m, mps_exclusive=mps_exclusive) or m is Mechanism.NONE for m in mechanisms):
         return Level.HARD
     return Level.SOFT
+
+
+def hard(mechanism: Mechanism, *, mps_exclusive: bool) -> bool:
+    """Whether ``mechanism`` holds every process of a share (see :func:`level_of`)."""
+    return mechanism.hard and (mps_exclusive or not mechanism.mps)
 
 
 class PodRef(BaseModel):
@@ -99,12 +109,17 @@ class ShareRecord(BaseModel):
     cores_reason: str = ""
     #: Host directory given to the containers as CUDA_MPS_PIPE_DIRECTORY (MPS mechanisms).
     mps_pipe_dir: str | None = None
+    #: For MPS mechanisms: whether the GPU is held in EXCLUSIVE_PROCESS compute mode, so that
+    #: no process of the share can bypass the MPS server (the share is HARD only then).
+    mps_exclusive: bool = True
     containers: dict[str, ContainerRecord] = Field(default_factory=dict)
     created_at: float = 0.0
 
     @property
     def level(self) -> Level:
-        return level_of(self.memory_mechanism, self.cores_mechanism)
+        return level_of(
+            self.memory_mechanism, self.cores_mechanism, mps_exclusive=self.mps_exclusive
+        )
 
     def same_request(self, other: ShareRecord) -> bool:
         """Whether ``other`` asks for the same share (pods may differ)."""
@@ -139,3 +154,7 @@ class EnforcerState(BaseModel):
 
     shares: dict[str, ShareRecord] = Field(default_factory=dict)
     daemons: dict[str, DaemonRecord] = Field(default_factory=dict)
+    #: GPU UUID -> the compute mode (``ComputeMode`` name) the GPU had before the enforcer set
+    #: EXCLUSIVE_PROCESS for its MPS shares; restored after the last one. Written before the
+    #: mode is changed, so a crash in between leaves a record, never a mode nobody restores.
+    compute_modes: dict[str, str] = Field(default_factory=dict)

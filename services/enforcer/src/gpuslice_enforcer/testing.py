@@ -119,12 +119,20 @@ class Workload:
         sm: int = 0,
         memory: int = 0,
         cgroup_dirs: Sequence[Path] = (),
+        mps_pipe_dir: Path | None = None,
     ) -> None:
+        """``mps_pipe_dir``: its CUDA_MPS_PIPE_DIRECTORY (unset when None, as a process that
+        does not use the share's MPS server would have it)."""
         args = [sys.executable, "-m", "gpuslice_nvml.fake.workload", "--config", str(config)]
         args += ["--device", device, "--sm", str(sm), "--memory", str(memory)]
         for directory in cgroup_dirs:
             args += ["--cgroup", str(directory)]
-        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        env = {k: v for k, v in os.environ.items() if k != "CUDA_MPS_PIPE_DIRECTORY"}
+        if mps_pipe_dir is not None:
+            env["CUDA_MPS_PIPE_DIRECTORY"] = str(mps_pipe_dir)
+        self.proc = subprocess.Popen(
+            args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+        )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line.startswith("ready"):

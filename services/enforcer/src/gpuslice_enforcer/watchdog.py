@@ -45,7 +45,7 @@ from gpuslice_enforcer.metrics import EnforcerMetrics
 from gpuslice_enforcer.state import Mechanism, ShareRecord
 from gpuslice_enforcer.throttle import Bucket
 from gpuslice_enforcer.violations import Violation, ViolationBus
-from gpuslice_nvml import Nvml, NvmlError, ProcessInfo
+from gpuslice_nvml import Nvml, NvmlError, ProcessInfo, ProcessUtilization
 
 log = get_logger(__name__)
 
@@ -83,8 +83,65 @@ class _Owned:
     share: ShareRecord
     info: ProcessInfo
     start: int
+    #: SM percent as of the process's latest utilization samples.
     sm: float
     target: Path | None
+    #: SM percent-seconds its samples that arrived this period account for.
+    busy: float = 0.0
+    #: A process of an MPS share with a context of its own (not a client of the MPS server).
+    bypass: bool = False
+
+
+class SmMeter:
+    """SM use per process from NVML's utilization samples, weighted by the time each covers.
+
+    A real driver samples per-process utilization on its own cadence, not the watchdog's: some
+    periods bring no sample and others one that covers more than a period. Taking a missing
+    sample as 0 % and every sample as one period (as averaging per call does) undercounts a
+    busy process by the share of empty periods, and the credit bucket then lets it run far above
+    its limit. Each sample's ``smUtil`` is its average since the process's previous sample, so
+    it accounts for ``sm x (timestamp - previous timestamp)`` percent-seconds: every
+    percent-second is counted once, in the period its sample arrives.
+    """
+
+    #: The longest time one sample is taken to cover (the first one of a process, a gap).
+    MAX_SPAN_US = 2_000_000
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[int, int], int] = {}  # (gpu, pid) -> timestamp of its last sample
+        self._rate: dict[tuple[int, int], float] = {}  # (gpu, pid) -> percent, latest samples
+
+    def add(
+        self,
+        gpu: int,
+        samples: list[ProcessUtilization],
+        previous_ts: int | None,
+        period_s: float,
+    ) -> dict[int, float]:
+        """Account a call's samples; percent-seconds per pid. The first call on a GPU
+        (``previous_ts`` None) may return the driver's whole sample buffer: it sets the rates
+        and the timestamps, and charges nothing."""
+        busy: dict[int, float] = {}
+        spans: dict[int, float] = {}
+        for s in sorted(samples, key=lambda s: s.timestamp_us):
+            key = (gpu, s.pid)
+            start = self._last.get(key, previous_ts or s.timestamp_us - int(period_s * 1e6))
+            span_us = min(max(s.timestamp_us - start, 0), self.MAX_SPAN_US)
+            self._last[key] = max(s.timestamp_us, self._last.get(key, 0))
+            busy[s.pid] = busy.get(s.pid, 0.0) + s.sm_percent * span_us / 1e6
+            spans[s.pid] = spans.get(s.pid, 0.0) + span_us / 1e6
+        for pid, span in spans.items():
+            self._rate[(gpu, pid)] = busy[pid] / span if span > 0 else 0.0
+        return busy if previous_ts is not None else {}
+
+    def rate(self, gpu: int, pid: int) -> float:
+        return self._rate.get((gpu, pid), 0.0)
+
+    def retain(self, gpu: int, pids: set[int]) -> None:
+        """Forget the processes of ``gpu`` that are not in ``pids`` (gone from NVML)."""
+        for key in [k for k in self._last if k[0] == gpu and k[1] not in pids]:
+            self._last.pop(key, None)
+            self._rate.pop(key, None)
 
 
 class LiveProcesses:
@@ -170,6 +227,7 @@ class Watchdog:
         self._live = LiveProcesses()
         self._last_sample: dict[int, float] = {}
         self._last_ts: dict[int, int] = {}
+        self._sm = SmMeter()
         self._killed: dict[tuple[int, int], float] = {}
         self._error_logged: dict[int, float] = {}
         self._stop = threading.Event()
@@ -250,6 +308,11 @@ class Watchdog:
         now = self._clock()
         try:
             processes = self.nvml.running_processes(gpu)
+            clients: set[int] = set()
+            if any(s.cores_mechanism.mps for s in gpu_shares):
+                mps = self.nvml.mps_processes(gpu)
+                clients = {p.pid for p in mps}
+                processes = [p for p in processes if p.pid not in clients] + mps
             samples = self.nvml.process_utilization(gpu, self._last_ts.get(gpu, 0))
         except NvmlError as exc:
             self.metrics.sample_errors.labels(device=str(gpu)).inc()
@@ -260,13 +323,12 @@ class Watchdog:
             return  # shares of this GPU are not frozen this period (fail open)
         dt = now - self._last_sample.get(gpu, now - self.config.sample_interval_s)
         self._last_sample[gpu] = now
+        previous_ts = self._last_ts.get(gpu)
         if samples:
             self._last_ts[gpu] = max(s.timestamp_us for s in samples)
-        sm_by_pid: dict[int, list[int]] = {}
-        for s in samples:
-            sm_by_pid.setdefault(s.pid, []).append(s.sm_percent)
-        sm = {pid: sum(v) / len(v) for pid, v in sm_by_pid.items()}
-        total_sm = sum(sm.values())
+        busy = self._sm.add(gpu, samples, previous_ts, self.config.sample_interval_s)
+        self._sm.retain(gpu, {p.pid for p in processes} | {s.pid for s in samples})
+        total_sm = sum(self._sm.rate(gpu, p.pid) for p in processes)
 
         owned: dict[str, list[_Owned]] = {s.claim_uid: [] for s in gpu_shares}
         for info in processes:
@@ -277,7 +339,15 @@ class Watchdog:
             share, start, target = found
             if share.claim_uid in owned:
                 owned[share.claim_uid].append(
-                    _Owned(share, info, start, sm.get(info.pid, 0.0), target)
+                    _Owned(
+                        share,
+                        info,
+                        start,
+                        self._sm.rate(gpu, info.pid),
+                        target,
+                        busy.get(info.pid, 0.0),
+                        bypass=share.cores_mechanism.mps and info.pid not in clients,
+                    )
                 )
         uuid = gpu_shares[0].device_uuids[gpu_shares[0].gpu_indices.index(gpu)]
         for share in gpu_shares:
@@ -296,9 +366,13 @@ class Watchdog:
             )
             usage.memory_used = sum(item.info.used_memory_bytes or 0 for item in mine)
             usage.sm_percent = sum(item.sm for item in mine)
+            used = sum(item.busy for item in mine) / dt if dt > 0 else usage.sm_percent
             self._publish_usage(share, usage)
-            self._check_memory(share, gpu, usage, mine, runtime)
-            frozen = self._check_cores(share, gpu, usage, runtime, total_sm - usage.sm_percent, dt)
+            unenforced = self._unenforced(share, gpu, usage, mine, runtime)
+            self._check_memory(share, gpu, usage, mine, runtime, unenforced)
+            frozen = self._check_cores(
+                share, gpu, usage, runtime, used, total_sm - usage.sm_percent, dt, unenforced
+            )
             want_frozen[share.claim_uid] = want_frozen.get(share.claim_uid, False) or frozen
             dts[share.claim_uid] = max(dts.get(share.claim_uid, 0.0), dt)
 
@@ -356,6 +430,50 @@ class Watchdog:
                 targets.add(target)
         return targets
 
+    # -- the backstop ---------------------------------------------------------------------
+    def _unenforced(
+        self,
+        share: ShareRecord,
+        gpu: int,
+        usage: DeviceUsage,
+        mine: list[_Owned],
+        runtime: _Runtime,
+    ) -> str:
+        """Why a share's hard mechanism evidently does not hold it this sample ("" if it
+        does): a process of an MPS share that is not a client of the GPU's MPS server (it
+        has a context of its own, beside the server), or memory use above a limit a hard
+        mechanism claims to hold. The watchdog then enforces the share itself."""
+        if share.memory_mechanism is Mechanism.NONE and share.cores_mechanism is Mechanism.NONE:
+            return ""
+        bypassing = sorted(item.info.pid for item in mine if item.bypass)
+        if bypassing:
+            why = (
+                f"pid {', '.join(map(str, bypassing))} of share {share.share_id} "
+                f"{'is' if len(bypassing) == 1 else 'are'} not a client of the MPS server of "
+                f"{usage.device_uuid} (a context of its own: the pipe directory was not used), "
+                "so MPS does not hold it"
+            )
+            if self._due(runtime, gpu, "bypass"):
+                self._violation(
+                    share,
+                    usage,
+                    bypassing[0],
+                    "cores",
+                    usage.sm_percent,
+                    share.cores_percent,
+                    "reported",
+                    why + "; the watchdog enforces the share's limits",
+                )
+            return why
+        runtime.last_report.pop((gpu, "bypass"), None)
+        if share.memory_mechanism.hard and usage.memory_used > share.memory_bytes:
+            return (
+                f"share {share.share_id} uses {usage.memory_used} bytes on {usage.device_uuid}, "
+                f"over the limit of {share.memory_bytes} that {share.memory_mechanism.value} "
+                "should hold"
+            )
+        return ""
+
     # -- memory ---------------------------------------------------------------------------
     def _check_memory(
         self,
@@ -364,11 +482,12 @@ class Watchdog:
         usage: DeviceUsage,
         mine: list[_Owned],
         runtime: _Runtime,
+        unenforced: str,
     ) -> None:
         if usage.memory_used <= share.memory_bytes or share.memory_mechanism is Mechanism.NONE:
             runtime.last_report.pop((gpu, "memory"), None)
             return
-        enforce = share.memory_mechanism is Mechanism.WATCHDOG
+        enforce = share.memory_mechanism is Mechanism.WATCHDOG or bool(unenforced)
         if enforce and self.config.memory_action == "kill":
             victim = max(mine, key=lambda item: item.info.used_memory_bytes or 0)
             key = (victim.info.pid, victim.start)
@@ -389,7 +508,9 @@ class Watchdog:
                     f"share {share.share_id} used {usage.memory_used} bytes on "
                     f"{usage.device_uuid}, over its limit of {share.memory_bytes}; killed pid "
                     f"{victim.info.pid}, its largest process "
-                    f"({victim.info.used_memory_bytes} bytes)",
+                    f"({victim.info.used_memory_bytes} bytes)"
+                    + (f"; unenforced: {unenforced}" if unenforced else ""),
+                    mechanism=Mechanism.WATCHDOG,
                 )
             return
         if self._due(runtime, gpu, "memory"):
@@ -442,20 +563,22 @@ class Watchdog:
         gpu: int,
         usage: DeviceUsage,
         runtime: _Runtime,
+        used: float,
         others: float,
         dt: float,
+        unenforced: str,
     ) -> bool:
         if share.cores_mechanism is Mechanism.NONE:
             return False
         bucket = runtime.buckets.get(gpu)
         if bucket is None:
             bucket = runtime.buckets[gpu] = Bucket(share.cores_percent, self.config.burst_s)
+        if unenforced:
+            bucket.credit = min(bucket.credit, 0.0)  # no burst for what escaped its mechanism
         was = bucket.frozen
-        over = bucket.step(
-            usage.sm_percent, dt, others_percent=others, work_conserving=share.work_conserving
-        )
-        throttle = (
-            share.cores_mechanism is Mechanism.WATCHDOG and self.config.sm_action == "throttle"
+        over = bucket.step(used, dt, others_percent=others, work_conserving=share.work_conserving)
+        throttle = self.config.sm_action == "throttle" and (
+            share.cores_mechanism is Mechanism.WATCHDOG or bool(unenforced)
         )
         if over and (not was or self._due(runtime, gpu, "cores")):
             runtime.last_report[(gpu, "cores")] = self._clock()
@@ -468,9 +591,11 @@ class Watchdog:
                 usage.sm_percent,
                 share.cores_percent,
                 action,
-                f"share {share.share_id} used {usage.sm_percent:.0f}% SM on {usage.device_uuid}, "
-                f"over its limit of {share.cores_percent}%; "
-                + ("throttling by freezing its cgroups" if throttle else "reported only"),
+                f"share {share.share_id} used {max(used, usage.sm_percent):.0f}% SM on "
+                f"{usage.device_uuid}, over its limit of {share.cores_percent}%; "
+                + ("throttling by freezing its cgroups" if throttle else "reported only")
+                + (f"; unenforced: {unenforced}" if unenforced else ""),
+                mechanism=Mechanism.WATCHDOG if unenforced else None,
             )
         return over and throttle
 
@@ -512,9 +637,12 @@ class Watchdog:
         limit: float,
         action: str,
         message: str,
+        *,
+        mechanism: Mechanism | None = None,
     ) -> None:
         usage.violations += 1
-        mechanism = share.memory_mechanism if resource == "memory" else share.cores_mechanism
+        if mechanism is None:
+            mechanism = share.memory_mechanism if resource == "memory" else share.cores_mechanism
         self.metrics.violations.labels(
             share.claim_uid,
             share.claim_namespace,

@@ -878,13 +878,15 @@ class GpuCapabilities(_message.Message):
     LEVEL_FIELD_NUMBER: _builtins.int
     MEMORY_MECHANISM_FIELD_NUMBER: _builtins.int
     CORES_MECHANISM_FIELD_NUMBER: _builtins.int
+    EXCLUSIVE_COMPUTE_FIELD_NUMBER: _builtins.int
     uuid: _builtins.str
     """UUID of the GPU ("GPU-...")."""
     driver_version: _builtins.str
     """NVIDIA driver version, e.g. "615.10"."""
     level: Global___EnforcementLevel.ValueType
-    """The level a share on this GPU gets in mode AUTO: HARD if a hard mechanism is available for
-    both memory and cores, else SOFT.
+    """The level a share on this GPU gets in mode AUTO: HARD if a mechanism that holds every
+    process of a share is available for both memory and cores, else SOFT. MPS holds every
+    process only with `exclusive_compute` available.
     """
     memory_mechanism: Global___Mechanism.ValueType
     """The mechanism that enforces the memory limit of a share on this GPU in mode AUTO (the
@@ -911,6 +913,14 @@ class GpuCapabilities(_message.Message):
         by this service.
         """
 
+    @_builtins.property
+    def exclusive_compute(self) -> Global___Capability:
+        """Only the MPS server may hold a context on the GPU (compute mode EXCLUSIVE_PROCESS now, or
+        set by the enforcer while the GPU serves MPS shares), so no process of a share can bypass
+        MPS. Unavailable (e.g. --compute-mode=leave on a GPU in DEFAULT mode): MPS limits are SOFT,
+        and the reason says so.
+        """
+
     def __init__(
         self,
         *,
@@ -923,10 +933,11 @@ class GpuCapabilities(_message.Message):
         level: Global___EnforcementLevel.ValueType = ...,
         memory_mechanism: Global___Mechanism.ValueType = ...,
         cores_mechanism: Global___Mechanism.ValueType = ...,
+        exclusive_compute: Global___Capability | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["memory_partitioning", b"memory_partitioning", "mig", b"mig", "mps_legacy", b"mps_legacy", "mps_protocol3", b"mps_protocol3"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["exclusive_compute", b"exclusive_compute", "memory_partitioning", b"memory_partitioning", "mig", b"mig", "mps_legacy", b"mps_legacy", "mps_protocol3", b"mps_protocol3"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cores_mechanism", b"cores_mechanism", "driver_version", b"driver_version", "level", b"level", "memory_mechanism", b"memory_mechanism", "memory_partitioning", b"memory_partitioning", "mig", b"mig", "mps_legacy", b"mps_legacy", "mps_protocol3", b"mps_protocol3", "uuid", b"uuid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cores_mechanism", b"cores_mechanism", "driver_version", b"driver_version", "exclusive_compute", b"exclusive_compute", "level", b"level", "memory_mechanism", b"memory_mechanism", "memory_partitioning", b"memory_partitioning", "mig", b"mig", "mps_legacy", b"mps_legacy", "mps_protocol3", b"mps_protocol3", "uuid", b"uuid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
