@@ -17,7 +17,7 @@ import pytest
 from gpuslice_nvml import errors as e
 from gpuslice_nvml import open_nvml
 from gpuslice_nvml.real import RealNvml
-from gpuslice_nvml.types import HealthEventKind, Placement, TopologyLevel
+from gpuslice_nvml.types import ComputeMode, HealthEventKind, Placement, TopologyLevel
 
 UUID = "GPU-11111111-2222-3333-4444-555555555555"
 MIG_UUID = "MIG-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"
@@ -359,3 +359,28 @@ def test_memory_limits_on_an_old_driver_are_function_not_found(
     with pytest.raises(e.NvmlFunctionNotFound) as caught:
         nvml.memory_limits(0, "/sys/fs/cgroup")
     assert isinstance(caught.value.__cause__, pynvml.NVMLError)
+
+
+def test_compute_mode_and_mps_clients_use_their_nvml_calls(stub: StubH100, nvml: RealNvml) -> None:
+    modes: list[int] = [0]
+    stub.set("nvmlDeviceGetMigMode", lambda h: [0, 0])
+    stub.set("nvmlDeviceGetComputeMode", lambda h: modes[-1])
+    stub.set("nvmlDeviceSetComputeMode", lambda h, mode: modes.append(mode))
+    stub.set(
+        "nvmlDeviceGetComputeRunningProcesses",
+        lambda h: [SimpleNamespace(pid=10, usedGpuMemory=1 << 30)],
+    )
+    stub.set(
+        "nvmlDeviceGetMPSComputeRunningProcesses",
+        lambda h: [SimpleNamespace(pid=11, usedGpuMemory=None)],
+    )
+    assert nvml.compute_mode(0) is ComputeMode.DEFAULT
+    nvml.set_compute_mode(0, ComputeMode.EXCLUSIVE_PROCESS)
+    assert modes == [0, 3]  # NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
+    assert nvml.compute_mode(0) is ComputeMode.EXCLUSIVE_PROCESS
+    assert [p.pid for p in nvml.running_processes(0)] == [10]
+    mps = nvml.mps_processes(0)
+    assert [(p.pid, p.used_memory_bytes, p.device_uuid) for p in mps] == [(11, None, UUID)]
+    stub.set("nvmlDeviceSetComputeMode", raise_(pynvml.NVMLError_NoPermission))
+    with pytest.raises(e.NvmlNoPermission, match="nvmlDeviceSetComputeMode"):
+        nvml.set_compute_mode(0, ComputeMode.DEFAULT)
