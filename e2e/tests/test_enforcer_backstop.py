@@ -10,12 +10,14 @@ import os
 import queue
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 
+from e2e.sandbox.procs import free_port
 from gpuslice_enforcer.testing import (
     Cgroups,
     EnforcerProcess,
@@ -188,7 +190,8 @@ def test_with_the_mode_left_alone_mps_is_soft_and_a_bypassing_process_is_throttl
     workloads: list[Workload],
 ) -> None:
     fake = FakeNvml.from_config_file(node)
-    proc = enforcer("--compute-mode=leave")
+    port = free_port()
+    proc = enforcer("--compute-mode=leave", f"--metrics-addr=127.0.0.1:{port}")
     pipe = proc.mps_root / "0"
     with proc.channel() as channel:
         stub = proc.stub(channel)
@@ -200,6 +203,10 @@ def test_with_the_mode_left_alone_mps_is_soft_and_a_bypassing_process_is_throttl
         assert reply.level == pb.ENFORCEMENT_LEVEL_SOFT
         assert all("SOFT: compute mode DEFAULT" in lim.reason for lim in reply.limits)
         assert fake.compute_mode(0) is ComputeMode.DEFAULT
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as page:
+            metrics = page.read().decode()
+        assert 'gpuslice_enforcer_share_level{claim="claim-uid-b",claim_uid="uid-b"' in metrics
+        assert 'level="soft",namespace="default"} 1.0' in metrics
         violations, stop_watch = _watch(channel)
 
         client = Workload(node, cgroup_dirs=cgroups.container(), mps_pipe_dir=pipe)

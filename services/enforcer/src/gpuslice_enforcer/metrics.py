@@ -2,7 +2,7 @@
 
 Per share and device (labels ``claim_uid``, ``namespace``, ``claim``, ``device``): memory used
 and limit, SM use and limit, throttled time, kills; violations by resource and action; the
-mechanism in force per resource (an info-style gauge set to 1). Operations: create/release
+mechanism in force per resource and the share's level (info-style gauges set to 1). Operations: create/release
 share, attach container, watchdog sample.
 """
 
@@ -49,6 +49,12 @@ class EnforcerMetrics:
             ["claim_uid", "namespace", "claim", "resource", "mechanism"],
             registry=r,
         )
+        self.level = Gauge(
+            f"{p}_level",
+            "1 for the share's enforcement level: hard (every process held), soft or none.",
+            ["claim_uid", "namespace", "claim", "level"],
+            registry=r,
+        )
         self.sample_errors = Counter(
             "gpuslice_enforcer_watchdog_errors",
             "Samples that failed (nothing is killed or frozen on a failed sample).",
@@ -76,7 +82,7 @@ class EnforcerMetrics:
             ):
                 with contextlib.suppress(KeyError):
                     metric.remove(*labels)
-        for labelled in (self.mechanism, self.violations):
+        for labelled in (self.mechanism, self.level, self.violations):
             for values in list(labelled._metrics):  # prometheus_client offers no query for them
                 if values[0] == claim_uid:
                     labelled.remove(*values)

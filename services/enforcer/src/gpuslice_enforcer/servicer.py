@@ -202,6 +202,9 @@ class EnforcerServicer(pb_grpc.EnforcerServicer):
             self.metrics.mechanism.labels(
                 share.claim_uid, share.claim_namespace, share.claim_name, resource, mechanism.value
             ).set(1)
+        self.metrics.level.labels(
+            share.claim_uid, share.claim_namespace, share.claim_name, share.level.value
+        ).set(1)
         return pb.CreateShareResponse(
             share_id=share.share_id,
             created=result.created,
