@@ -2,8 +2,8 @@
 
 Per share and device (labels ``claim_uid``, ``namespace``, ``claim``, ``device``): memory used
 and limit, SM use and limit, throttled time, kills; violations by resource and action; the
-mechanism in force per resource and the share's level (info-style gauges set to 1). Operations: create/release
-share, attach container, watchdog sample.
+mechanism in force per resource and the share's level (info-style gauges set to 1).
+Operations: create/release share, attach container, watchdog sample.
 """
 
 from __future__ import annotations
