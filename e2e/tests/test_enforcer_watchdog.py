@@ -155,6 +155,41 @@ def test_sm_use_of_80_against_30_converges_to_30(
     assert throttled.claim_uid == "uid-sm"
 
 
+@pytest.mark.timeout(40)
+def test_sm_is_held_when_the_driver_samples_less_often_than_the_watchdog(
+    workdir: Path, cgroups: Cgroups, workloads: list[Workload]
+) -> None:
+    """A real driver takes per-process samples on its own cadence (issue 26: a 30 % share ran
+    at ~70 % on an H100 when polls without a sample counted as idle). Here it samples every
+    300 ms while the watchdog polls every 100 ms."""
+    node = workdir / "slow-node.yaml"
+    node.write_text(NODE.format(driver="570.158.01") + "utilizationSampleMs: 300\n")
+    proc = EnforcerProcess(node, workdir, ["--mps=off"]).start()
+    control = FakeNvmlControl.from_config_file(node)
+    try:
+        with proc.channel() as channel:
+            reply = proc.stub(channel).CreateShare(
+                share_request(
+                    "uid-slow",
+                    FakeNvml.from_config_file(node).gpu(0).uuid,
+                    cores=30,
+                    mode=pb.ENFORCEMENT_MODE_SOFT,
+                )
+            )
+            workload = Workload(node, sm=80, cgroup_dirs=cgroups.container())
+            workloads.append(workload)
+            _attach(reply, workload, "ctr-slow")
+            time.sleep(1.0)  # the burst credit is spent
+            start = control.sm_accounting(workload.pid)
+            time.sleep(6.0)
+            end = control.sm_accounting(workload.pid)
+    finally:
+        proc.stop()
+    achieved = (end.busy_seconds - start.busy_seconds) / (end.wall_seconds - start.wall_seconds)
+    print(f"achieved SM {achieved * 100:.1f}% (limit 30%) with 300 ms driver samples")
+    assert 25.0 <= achieved * 100 <= 35.0
+
+
 @pytest.mark.timeout(30)
 def test_watchdog_kills_a_process_over_its_memory_limit_within_two_periods(
     node: Path,

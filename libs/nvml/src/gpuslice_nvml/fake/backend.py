@@ -268,6 +268,9 @@ class FakeNvml(Nvml):
         if gs.mig_current:
             raise e.nvml_error(e.ERROR_NOT_SUPPORTED, what, "not available in MIG mode")
         now_us = int(self._wall_clock() * 1_000_000)
+        period_us = self.node.config.utilization_sample_ms * 1000
+        if period_us:  # the driver's last sample, not "now": nothing new between its samples
+            now_us -= now_us % period_us
         if now_us <= since_us:
             return []
         procs = [  # MPS clients have no samples of their own: their server's context runs them

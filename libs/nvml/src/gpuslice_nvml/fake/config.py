@@ -93,6 +93,10 @@ class FakeNodeConfig(_Strict):
     cuda_driver_version: str = DEFAULT_CUDA_DRIVER_VERSION
     #: The shared state file; relative paths are relative to the config file.
     state_path: str | None = None
+    #: How often the "driver" takes per-process utilization samples, in ms; 0: at every call.
+    #: A real driver samples on its own cadence, so a reader polling faster gets no sample in
+    #: some polls and one covering several polls in others (the GPU stage measures it).
+    utilization_sample_ms: Annotated[int, Field(ge=0, le=10_000)] = 0
     gpus: Annotated[list[GpuConfig], Field(min_length=1)]
     topology: TopologyConfig = TopologyConfig()
 
