@@ -1,0 +1,376 @@
+"""The GPU stage, top to bottom: what it runs, in which order, and how it always cleans up.
+
+Order matters on a real GPU. The baseline and the watchdog's experiments run before any MPS
+share exists, because the enforcer may put the GPU in EXCLUSIVE_PROCESS compute mode while it
+serves MPS shares, and then only MPS clients get a context. The MPS experiments keep one share
+(the first of the latency shares) for their whole section, so the daemon starts once.
+
+Whatever happens, every workload is killed, every share released, the enforcer stopped (which
+stops the MPS daemons), every cgroup removed and the working directory deleted; the cleanup rows
+then check that nothing is left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import subprocess
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import TracebackType
+
+from e2e.gpustage import checks, measure
+from e2e.gpustage.bypass import bypass
+from e2e.gpustage.clients import WORKLOAD_MODULE, Launcher
+from e2e.gpustage.enforcer import StageEnforcer, mechanism_name
+from e2e.gpustage.report import Report, Row
+from gpuslice_enforcer.testing import BIN, remove_tree, short_tempdir
+from gpuslice_nvml import GpuInfo, Nvml, open_nvml
+from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
+
+SECTIONS = ("contract", "probe", "cdi", "latency", "memory", "sm", "overhead", "bypass")
+ENFORCED = {"latency", "memory", "sm", "overhead", "bypass"}
+NEEDS_BASELINE = {"sm", "overhead", "bypass"}
+MPS = {pb.MECHANISM_MPS_PROTOCOL3, pb.MECHANISM_MPS_LEGACY}
+FAKE_MPS = (
+    "fake NVML: the MPS daemon is simulated, not its effect on clients (docs/nvml.md), so "
+    "this limit is exercised but not judged"
+)
+
+
+@dataclass(frozen=True)
+class Options:
+    nvml: str  # "real" | "fake"
+    fake_config: Path | None
+    keep_gpu_settings: bool
+    gpu: int
+    json_path: Path
+    seconds: float
+    only: tuple[str, ...]
+    workload_module: str = WORKLOAD_MODULE
+
+    def wants(self, *sections: str) -> bool:
+        return any(s in self.only for s in sections)
+
+    def to_json(self) -> dict[str, object]:
+        flags = asdict(self)
+        flags.update(fake_config=str(self.fake_config or ""), json_path=str(self.json_path))
+        return flags
+
+
+class Section:
+    """Times a section; an exception in it becomes a failed row with the error and the stage
+    goes on with the next section (``__exit__`` returns True for an ``Exception``)."""
+
+    def __init__(self, report: Report, name: str, mechanism: str) -> None:
+        self.report, self.name, self.mechanism = report, name, mechanism
+        self.key = name if mechanism == "-" else f"{name}/{mechanism}"
+
+    def __enter__(self) -> None:
+        self.start = time.monotonic()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
+        took = time.monotonic() - self.start
+        self.report.durations[self.key] = self.report.durations.get(self.key, 0.0) + took
+        if not isinstance(exc, Exception):
+            return False
+        detail = f"{type(exc).__name__}: {exc}"
+        data: dict[str, object] = {"traceback": "".join(traceback.format_exception(exc))[-4000:]}
+        self.report.add(
+            Row(self.name, self.mechanism, "section", "crashed", "-", "fail", detail, data)
+        )
+        return True
+
+
+class Stage:
+    def __init__(self, opts: Options, stack: contextlib.ExitStack) -> None:
+        self.opts = opts
+        self.report = Report(flags=opts.to_json())
+        self.settings_seen: dict[str, dict[str, object]] = {}
+        self.workdir = short_tempdir("gs-stage-")
+        stack.callback(remove_tree, self.workdir)
+        self.fake_config = opts.fake_config
+        if opts.nvml == "fake" and self.fake_config is None:
+            self.fake_config = checks.write_fake_node(self.workdir / "node")
+        self.nvml: Nvml = stack.enter_context(open_nvml(opts.nvml, self.fake_config))
+        self.gpu: GpuInfo = self.nvml.gpu(opts.gpu)
+        self.launcher = Launcher(
+            module=opts.workload_module,
+            backend="cuda" if opts.nvml == "real" else "fake",
+            device=self.gpu.index,
+            gpu_uuid=self.gpu.uuid,
+            fake_config=self.fake_config,
+            logs=self.workdir / "logs",
+        )
+        self.iterations = 0
+        self.baseline_rate = 0.0
+        self.mps_root: Path | None = None
+        self.cgroups_made: list[Path] = []
+        self.report.flags["workdir"] = str(self.workdir)
+
+    # -- helpers ------------------------------------------------------------------------------
+    def section(self, name: str, mechanism: str = "-") -> Section:
+        return Section(self.report, name, mechanism)
+
+    def see_settings(self, moment: str) -> None:
+        self.settings_seen[moment] = checks.settings(self.nvml, self.gpu.index)
+
+    # -- the stage ----------------------------------------------------------------------------
+    def run(self) -> None:
+        self.report.gpu = checks.gpu_facts(self.nvml, self.gpu)
+        self.see_settings("before")
+        if self.opts.wants("contract"):
+            with self.section("contract"):
+                self.report.add(checks.contract_tests(self.opts.nvml))
+        workload_missing = importlib.util.find_spec(self.opts.workload_module) is None
+        if workload_missing:
+            reason = f"the workload program ({self.opts.workload_module}) is not in this checkout"
+            for name in [s for s in SECTIONS if s not in ("contract", "cdi")]:
+                if self.opts.wants(name):
+                    self.report.skip(name, "-", "every row", reason)
+        if self.opts.wants("probe") and not workload_missing:
+            with self.section("probe"):
+                self.report.add(self.probe())
+        if self.opts.wants("cdi"):
+            with self.section("cdi"):
+                argv = self.launcher.argv(["probe"])
+                for row in checks.cdi_check(self.nvml, argv, self.workdir / "cdi"):
+                    self.report.add(row)
+        if self.opts.wants(*NEEDS_BASELINE) and not workload_missing:
+            with self.section("baseline"):
+                self.iterations, self.baseline_rate, row = measure.baseline(
+                    self.launcher, self.opts.seconds
+                )
+                self.report.add(row)
+        if self.opts.wants(*ENFORCED) and not workload_missing:
+            if os.geteuid() != 0:
+                reason = "needs root (cgroups, the freezer, the enforcer's NVML calls)"
+                self.report.skip("enforcer", "-", "every enforcement row", reason)
+            else:
+                with contextlib.ExitStack() as enforcement:
+                    self.enforcement(enforcement)
+        self.see_settings("after")
+        for setting in ("compute_mode", "mig_mode"):
+            seen = {moment: values[setting] for moment, values in self.settings_seen.items()}
+            self.report.gpu[setting] = seen
+        for row in checks.settings_rows(self.settings_seen, self.opts.keep_gpu_settings):
+            self.report.add(row)
+
+    def probe(self) -> Row:
+        proc = self.launcher.start("probe", ["probe"], wait=False)
+        try:
+            proc.finish(measure.START_TIMEOUT_S)
+        finally:
+            proc.stop()
+        result = proc.result or {}
+        devices = result.get("devices")
+        listed = devices if isinstance(devices, list) else []
+        uuids = [d.get("uuid") for d in listed if isinstance(d, dict)]
+        ok = bool(result.get("ok")) and self.gpu.uuid in uuids
+        value = f"{len(uuids)} device(s), driver {result.get('driver_version', '?')}"
+        detail = "" if ok else f"{self.gpu.uuid} not among {uuids}: {proc.describe_end()}"
+        target = "sees the GPU through the driver alone"
+        return Row(
+            "probe",
+            "-",
+            "workload probe",
+            value,
+            target,
+            "pass" if ok else "fail",
+            detail,
+            {"result": result},
+        )
+
+    def enforcement(self, stack: contextlib.ExitStack) -> None:
+        extra = []
+        if self.opts.keep_gpu_settings and enforcer_has_flag("--compute-mode"):
+            extra.append("--compute-mode=leave")
+        self.report.flags["enforcer_args"] = extra
+        caps: pb.GpuCapabilities | None = None
+        with self.section("enforcer"):
+            enforcer = StageEnforcer(self.opts.nvml, self.fake_config, self.workdir / "e", extra)
+            stack.callback(enforcer.close)
+            self.mps_root = enforcer.mps_root
+            caps = enforcer.capabilities(self.gpu.uuid)
+            if caps is None:
+                raise RuntimeError(f"GetCapabilities does not list {self.gpu.uuid}")
+            self.report.capabilities = capabilities_json(caps)
+            for row in unavailable_rows(caps):
+                self.report.add(row)
+        if self.mps_root is None or caps is None:
+            return
+        self.mechanism(enforcer, "watchdog", pb.ENFORCEMENT_MODE_SOFT, caps)
+        hard = caps.cores_mechanism in MPS or caps.memory_mechanism == pb.MECHANISM_MEMORY_PARTITION
+        if hard:
+            label = mechanism_name(
+                caps.cores_mechanism if caps.cores_mechanism in MPS else caps.memory_mechanism
+            )
+            self.mechanism(enforcer, label, pb.ENFORCEMENT_MODE_AUTO, caps)
+
+    def mechanism(
+        self,
+        enforcer: StageEnforcer,
+        label: str,
+        mode: pb.EnforcementMode.ValueType,
+        caps: pb.GpuCapabilities,
+    ) -> None:
+        """Every experiment of one mechanism, with its latency shares' first one kept."""
+        opts, add = self.opts, self.report.add
+        bench = measure.Bench(
+            nvml=self.nvml,
+            enforcer=enforcer,
+            launcher=self.launcher,
+            gpu_uuid=self.gpu.uuid,
+            memory_total=self.gpu.memory_total_bytes,
+            seconds=opts.seconds,
+            iterations=self.iterations,
+            baseline_rate=self.baseline_rate,
+            mechanism=label,
+            mode=mode,
+            unjudged=FAKE_MPS if opts.nvml == "fake" else "",
+            cgroups_made=self.cgroups_made,
+        )
+        mps_cores = mode != pb.ENFORCEMENT_MODE_SOFT and caps.cores_mechanism in MPS
+        anchor: str | None = None
+        with self.section("latency", label):
+            row, anchor = measure.latency(bench)
+            if opts.wants("latency"):
+                add(row)
+        self.see_settings(f"during {label}")
+        try:
+            self.experiments(bench, mode, caps, mps_cores)
+        finally:
+            if anchor is not None:
+                with self.section("latency", label):
+                    enforcer.release(anchor)
+
+    def experiments(
+        self,
+        bench: measure.Bench,
+        mode: pb.EnforcementMode.ValueType,
+        caps: pb.GpuCapabilities,
+        mps_cores: bool,
+    ) -> None:
+        opts, add, label = self.opts, self.report.add, bench.mechanism
+        if opts.wants("memory"):
+            with self.section("memory", label):
+                add(measure.memory_limit(bench))
+            if mps_cores and caps.memory_mechanism == pb.MECHANISM_MEMORY_PARTITION:
+                reason = "memory partitioning holds memory on this GPU, not MPS's pinned limit"
+                self.report.skip("memory", label, "MPS pinned memory limit", reason)
+        cores_elsewhere = mode != pb.ENFORCEMENT_MODE_SOFT and not mps_cores
+        if cores_elsewhere:
+            reason = f"cores fall back to the watchdog here ({caps.mps_legacy.reason})"
+            for name in ("sm", "overhead", "bypass"):
+                if opts.wants(name):
+                    self.report.skip(name, label, "every row", reason)
+            return
+        if not bench.iterations:
+            reason = "no baseline to compare with (see the baseline row)"
+            for name in ("sm", "overhead", "bypass"):
+                if opts.wants(name):
+                    self.report.skip(name, label, "every row", reason)
+            return
+        alone: float | None = None
+        if opts.wants("sm", "bypass"):
+            with self.section("sm", label):
+                row, alone = measure.sm_alone(bench)
+                if opts.wants("sm"):
+                    add(row)
+        if opts.wants("sm"):
+            with self.section("sm", label):
+                add(measure.sm_pair(bench, start_margin=3.0 if opts.nvml == "fake" else 5.0))
+        if opts.wants("overhead"):
+            with self.section("overhead", label):
+                add(measure.overhead(bench))
+        if opts.wants("bypass") and mps_cores:
+            with self.section("bypass", label):
+                for row in bypass(bench, alone):
+                    add(row)
+
+    def cleanup_rows(self) -> None:
+        """After every experiment and the enforcer stopped: nothing of the stage may be left."""
+        left_mps = checks.mps_leftovers(self.mps_root) if self.mps_root else []
+        left_procs = checks.alive(self.launcher.started)
+        left_cgroups = [p for p in self.cgroups_made if p.exists()]
+        checked: list[tuple[str, Sequence[object], list[str]]] = [
+            ("MPS daemons of the stage", [], left_mps),
+            ("workload processes", self.launcher.started, [str(p) for p in left_procs]),
+            ("cgroups of the stage", self.cgroups_made, [str(p) for p in left_cgroups]),
+        ]
+        for figure, made, left in checked:
+            value = ", ".join(left) if left else f"none of {len(made)}" if made else "none"
+            self.report.add(
+                Row(
+                    "cleanup",
+                    "-",
+                    figure,
+                    value,
+                    "none left",
+                    "pass" if not left else "fail",
+                    data={"made": [str(m) for m in made], "left": left},
+                )
+            )
+
+
+def enforcer_has_flag(flag: str) -> bool:
+    """Whether this checkout's enforcer knows ``flag`` (an enforcer without --compute-mode never
+    changes the compute mode, so --keep-gpu-settings has nothing to pass to it)."""
+    out = subprocess.run(
+        [str(BIN / "gpuslice-enforcer"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return flag in out.stdout
+
+
+def capabilities_json(caps: pb.GpuCapabilities) -> dict[str, object]:
+    def cap(c: pb.Capability) -> dict[str, object]:
+        return {"available": c.available, "reason": c.reason}
+
+    return {
+        "uuid": caps.uuid,
+        "driver_version": caps.driver_version,
+        "level": pb.EnforcementLevel.Name(caps.level),
+        "memory_mechanism": mechanism_name(caps.memory_mechanism),
+        "cores_mechanism": mechanism_name(caps.cores_mechanism),
+        "memory_partitioning": cap(caps.memory_partitioning),
+        "mps_protocol3": cap(caps.mps_protocol3),
+        "mps_legacy": cap(caps.mps_legacy),
+        "mig": cap(caps.mig),
+    }
+
+
+def unavailable_rows(caps: pb.GpuCapabilities) -> list[Row]:
+    """A skipped row for each hard mechanism this GPU does not offer (or the enforcer does not
+    use), with the enforcer's reason."""
+    rows = []
+    for name, cap in (
+        ("memory-partition", caps.memory_partitioning),
+        ("mps-protocol3", caps.mps_protocol3),
+        ("mps-legacy", caps.mps_legacy),
+    ):
+        if not cap.available:
+            rows.append(Row("mechanisms", name, "offered", "no", "-", "skipped", cap.reason))
+        elif name == "mps-legacy" and caps.mps_protocol3.available:
+            reason = "offered, but MPS protocol 3 is used where both are"
+            rows.append(Row("mechanisms", name, "offered", "yes", "-", "skipped", reason))
+    return rows
+
+
+def run(opts: Options) -> Report:
+    """The whole stage; the report is complete (cleanup rows included) when it returns."""
+    with contextlib.ExitStack() as stack:
+        stage = Stage(opts, stack)
+        stage.run()
+        stage.cleanup_rows()
+    stage.report.finished_at = time.time()
+    return stage.report
