@@ -169,10 +169,22 @@ def settings_rows(seen: dict[str, dict[str, object]], keep: bool) -> list[Row]:
             ok, target = len({repr(v) for v in values.values()}) == 1, "never changed"
         else:
             ok, target = values.get("after") == values.get("before"), "restored afterwards"
-        figure += f" ({' / '.join(values)})"
-        value = " / ".join(_short(v) for v in values.values())
+        value = _changes(values)
         rows.append(Row("settings", "-", figure, value, target, judged(ok), data={"seen": values}))
     return rows
+
+
+def _changes(values: dict[str, object]) -> str:
+    """ "DEFAULT throughout", or each change with the moment it was seen:
+    "DEFAULT, mps-legacy: EXCLUSIVE_PROCESS, after: DEFAULT"."""
+    parts: list[str] = []
+    last = None
+    for moment, value in values.items():
+        text = _short(value)
+        if text != last:
+            parts.append(f"{moment.removeprefix('during ')}: {text}" if parts else text)
+            last = text
+    return f"{parts[0]} throughout" if len(parts) == 1 else ", ".join(parts)
 
 
 def _short(value: object) -> str:
