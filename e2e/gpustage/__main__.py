@@ -82,7 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
 
     def stop(signum: int, _frame: FrameType | None) -> None:
-        raise SystemExit(128 + signum)  # unwinds the stage's cleanup
+        signal.signal(signum, signal.SIG_IGN)  # one stop is enough: let the cleanup finish
+        raise SystemExit(f"signal {signal.Signals(signum).name}")  # unwinds into the cleanup
 
     signal.signal(signal.SIGTERM, stop)
     report = run(opts)

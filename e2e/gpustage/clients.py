@@ -179,11 +179,17 @@ class WorkloadProcess:
         error = result.get("error") or self.stderr_tail()
         return f"exit {code}" + (f": {error}" if error else "")
 
-    def stop(self) -> None:
+    def kill(self) -> None:
+        """SIGKILL, without waiting: a process in a frozen cgroup dies only once thawed."""
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
-            self.proc.wait(10)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Kill and reap it; one that does not die in time is left for the cleanup rows."""
+        self.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout)
         self._reader.join(5)
         for stream in (self.proc.stdin, self.proc.stdout):
             if stream is not None:
@@ -233,6 +239,15 @@ def share_env(edits: pb.ContainerEdits) -> dict[str, str]:
             )
         env["CUDA_MPS_PIPE_DIRECTORY"] = mount.host_path
     return env
+
+
+def thaw(cgroup_dirs: Sequence[Path]) -> None:
+    for directory in cgroup_dirs:
+        with contextlib.suppress(OSError):
+            if (directory / "freezer.state").exists():
+                (directory / "freezer.state").write_text("THAWED")
+            elif (directory / "cgroup.freeze").exists():
+                (directory / "cgroup.freeze").write_text("0")
 
 
 def frozen(cgroup_dirs: Sequence[Path]) -> bool:

@@ -24,6 +24,7 @@ from e2e.gpustage.clients import (
     attach,
     move_into,
     share_env,
+    thaw,
 )
 from e2e.gpustage.enforcer import SAMPLE_INTERVAL_S, StageEnforcer, limit_mechanisms, median
 from e2e.gpustage.report import GIB, Row, Verdict, gib, judged
@@ -119,6 +120,9 @@ def containers(bench: Bench) -> Iterator[tuple[Cgroups, list[WorkloadProcess]]]:
         try:
             yield cgroups, procs
         finally:
+            for proc in procs:
+                proc.kill()
+            thaw(cgroups.made)  # a process killed while frozen dies when thawed
             for proc in procs:
                 proc.stop()
             bench.cgroups_made.extend(cgroups.made)

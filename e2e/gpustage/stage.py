@@ -123,8 +123,21 @@ class Stage:
 
     # -- the stage ----------------------------------------------------------------------------
     def run(self) -> None:
+        """Every selected section; the GPU's settings are read before and after, also when the
+        stage is interrupted (what an interrupted run changed must be back too)."""
         self.report.gpu = checks.gpu_facts(self.nvml, self.gpu)
         self.see_settings("before")
+        try:
+            self.sections()
+        finally:
+            self.see_settings("after")
+            for setting in ("compute_mode", "mig_mode"):
+                seen = {moment: values[setting] for moment, values in self.settings_seen.items()}
+                self.report.gpu[setting] = seen
+            for row in checks.settings_rows(self.settings_seen, self.opts.keep_gpu_settings):
+                self.report.add(row)
+
+    def sections(self) -> None:
         if self.opts.wants("contract"):
             with self.section("contract"):
                 self.report.add(checks.contract_tests(self.opts.nvml))
@@ -155,12 +168,6 @@ class Stage:
             else:
                 with contextlib.ExitStack() as enforcement:
                     self.enforcement(enforcement)
-        self.see_settings("after")
-        for setting in ("compute_mode", "mig_mode"):
-            seen = {moment: values[setting] for moment, values in self.settings_seen.items()}
-            self.report.gpu[setting] = seen
-        for row in checks.settings_rows(self.settings_seen, self.opts.keep_gpu_settings):
-            self.report.add(row)
 
     def probe(self) -> Row:
         proc = self.launcher.start("probe", ["probe"], wait=False)
@@ -370,7 +377,11 @@ def run(opts: Options) -> Report:
     """The whole stage; the report is complete (cleanup rows included) when it returns."""
     with contextlib.ExitStack() as stack:
         stage = Stage(opts, stack)
-        stage.run()
+        try:
+            stage.run()
+        except (KeyboardInterrupt, SystemExit) as exc:  # everything it started is undone by now
+            why = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"stopped ({exc})"
+            stage.report.add(Row("stage", "-", "ran to the end", why, "yes", "fail"))
         stage.cleanup_rows()
     stage.report.finished_at = time.time()
     return stage.report
