@@ -99,6 +99,7 @@ def cdi_check(nvml: Nvml, probe_cmd: Sequence[str], workdir: Path) -> list[Row]:
         reason = "not available: e2e/gpustage/cdicheck.py is not in this checkout"
         return [Row("cdi", "-", "CDI spec check", "-", "-", "skipped", reason)]
     check: Callable[..., list[object]] = module.check_cdi
+    workdir.mkdir(parents=True, exist_ok=True)
     results = check(nvml, probe_cmd=list(probe_cmd), workdir=workdir)
     rows = []
     for i, result in enumerate(results, 1):

@@ -28,6 +28,7 @@ from e2e.gpustage.bypass import bypass
 from e2e.gpustage.clients import WORKLOAD_MODULE, Launcher
 from e2e.gpustage.enforcer import StageEnforcer, mechanism_name
 from e2e.gpustage.report import Report, Row
+from gpuslice_core.errors import GpusliceError
 from gpuslice_enforcer.testing import BIN, remove_tree, short_tempdir
 from gpuslice_nvml import GpuInfo, Nvml, open_nvml
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
@@ -302,8 +303,13 @@ class Stage:
                     add(row)
 
     def cleanup_rows(self) -> None:
-        """After every experiment and the enforcer stopped: nothing of the stage may be left."""
+        """After every experiment and the enforcer stopped: nothing of the stage may be left.
+        An MPS server may take a moment to exit after its control daemon quit: up to 10 s."""
         left_mps = checks.mps_leftovers(self.mps_root) if self.mps_root else []
+        deadline = time.monotonic() + 10.0
+        while left_mps and self.mps_root and time.monotonic() < deadline:
+            time.sleep(0.2)
+            left_mps = checks.mps_leftovers(self.mps_root)
         left_procs = checks.alive(self.launcher.started)
         left_cgroups = [p for p in self.cgroups_made if p.exists()]
         checked: list[tuple[str, Sequence[object], list[str]]] = [
@@ -376,7 +382,13 @@ def unavailable_rows(caps: pb.GpuCapabilities) -> list[Row]:
 def run(opts: Options) -> Report:
     """The whole stage; the report is complete (cleanup rows included) when it returns."""
     with contextlib.ExitStack() as stack:
-        stage = Stage(opts, stack)
+        try:
+            stage = Stage(opts, stack)
+        except GpusliceError as exc:  # no NVML (no driver, no GPU, a bad fake config)
+            report = Report(flags=opts.to_json())
+            report.add(Row("gpu", "-", "NVML opens the GPU", "no", "yes", "fail", str(exc)))
+            report.finished_at = time.time()
+            return report
         try:
             stage.run()
         except (KeyboardInterrupt, SystemExit) as exc:  # everything it started is undone by now
