@@ -11,7 +11,8 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from e2e.gpustage.report import Row, judged
+from e2e.gpustage.report import Row, Verdict, judged
+from gpuslice_core import cdi
 from gpuslice_nvml import GpuInfo, Nvml, NvmlError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -88,34 +89,49 @@ def summary_counts(stdout: str) -> dict[str, int]:
 # -- CDI -------------------------------------------------------------------------------------
 
 
-def cdi_check(nvml: Nvml, probe_cmd: Sequence[str], workdir: Path) -> list[Row]:
-    """``e2e.gpustage.cdicheck.check_cdi``, imported here so that a branch without it still runs
-    the rest of the stage (and says so)."""
+def cdi_check(
+    nvml: Nvml,
+    gpu: int,
+    probe_cmd: Sequence[str],
+    workdir: Path,
+    *,
+    kind: str,
+    shared_edits: cdi.ContainerEdits | None = None,
+    mechanism: str = "-",
+) -> list[Row]:
+    """``e2e.gpustage.cdicheck.check_cdi``'s results of one kind of claim ("whole", or "shared"
+    with the edits of a real share) on the stage's GPU; imported here, so that a checkout
+    without it still runs the rest of the stage and says so.
+
+    The two kinds run at different moments: a whole-GPU claim's probe is a plain CUDA process,
+    refused a context while the enforcer holds the GPU in EXCLUSIVE_PROCESS for MPS shares; a
+    shared claim's probe with MPS edits needs the share's daemon running."""
     try:
         module = importlib.import_module("e2e.gpustage.cdicheck")
     except ModuleNotFoundError as exc:
         if exc.name != "e2e.gpustage.cdicheck":
             raise
         reason = "not available: e2e/gpustage/cdicheck.py is not in this checkout"
-        return [Row("cdi", "-", "CDI spec check", "-", "-", "skipped", reason)]
+        return [Row("cdi", mechanism, f"CDI spec, {kind} claim", "-", "-", "skipped", reason)]
     check: Callable[..., list[object]] = module.check_cdi
     workdir.mkdir(parents=True, exist_ok=True)
-    results = check(nvml, probe_cmd=list(probe_cmd), workdir=workdir)
+    given = None if shared_edits is None else {gpu: shared_edits}
     rows = []
-    for i, result in enumerate(results, 1):
+    for result in check(nvml, probe_cmd=list(probe_cmd), workdir=workdir, shared_edits=given):
         to_json = getattr(result, "to_json", None)
         data = to_json() if callable(to_json) else {"result": repr(result)}
-        data = data if isinstance(data, dict) else {"result": data}
-        name = str(data.get("name") or data.get("check") or f"check {i}")
-        ok = bool(getattr(result, "ok", False))
-        detail = (
-            "" if ok else str(data.get("error") or data.get("reason") or data.get("detail") or "")
-        )
-        rows.append(Row("cdi", "-", name, "ok" if ok else "not ok", "ok", judged(ok), detail, data))
-    if not rows:
+        if not isinstance(data, dict) or data.get("gpu") != gpu or data.get("kind") != kind:
+            continue
+        status, reason = str(data.get("status", "")), str(data.get("reason", ""))
+        verdict: Verdict = "skipped" if status == "skipped" else judged(status == "pass")
+        value = "-" if verdict == "skipped" else "ok" if verdict == "pass" else "not ok"
+        figure = f"CDI spec, {kind} claim"
         rows.append(
-            Row("cdi", "-", "CDI spec check", "no results", "ok", "fail", "it checked nothing")
+            Row("cdi", mechanism, figure, value, "probe sees its GPU", verdict, reason, data)
         )
+    if not rows:
+        why = f"check_cdi returned no {kind} result for GPU {gpu}"
+        rows.append(Row("cdi", mechanism, f"CDI spec, {kind} claim", "none", "-", "fail", why))
     return rows
 
 

@@ -212,21 +212,21 @@ class BreachWatch:
 # -- experiments --------------------------------------------------------------------------
 
 
-def latency(bench: Bench) -> tuple[Row, str]:
+def latency(bench: Bench) -> tuple[Row, Share]:
     """CreateShare latency: the first share (for MPS it starts the daemon) and the median of
-    the next ones. Returns the row and the first share's claim, which the caller keeps until the
+    the next ones. Returns the row and the first share, which the caller keeps until the
     mechanism's experiments are done so that the daemon is not restarted for each of them."""
     times: list[float] = []
-    claims: list[str] = []
+    shares: list[Share] = []
     for _ in range(LATENCY_SHARES):
         claim = bench.claim("latency")
-        _, took = bench.enforcer.create(
+        reply, took = bench.enforcer.create(
             claim, bench.gpu_uuid, cores=30, memory=MEMORY_LIMIT, mode=bench.mode
         )
         times.append(took)
-        claims.append(claim)
-    for claim in claims[1:]:
-        bench.enforcer.release(claim)
+        shares.append(Share(claim, reply))
+    for later in shares[1:]:
+        bench.enforcer.release(later.claim)
     first, rest = times[0], median(times[1:])
     row = Row(
         "latency",
@@ -237,7 +237,7 @@ def latency(bench: Bench) -> tuple[Row, str]:
         "measured",
         data={"first_s": first, "median_next_s": rest, "all_s": times},
     )
-    return row, claims[0]
+    return row, shares[0]
 
 
 def memory_limit(bench: Bench) -> Row:

@@ -28,6 +28,7 @@ from e2e.gpustage.bypass import bypass
 from e2e.gpustage.clients import WORKLOAD_MODULE, Launcher
 from e2e.gpustage.enforcer import StageEnforcer, mechanism_name
 from e2e.gpustage.report import Report, Row
+from gpuslice_api.enforcer import cdi_edits
 from gpuslice_core.errors import GpusliceError
 from gpuslice_enforcer.testing import BIN, remove_tree, short_tempdir
 from gpuslice_nvml import GpuInfo, Nvml, open_nvml
@@ -112,6 +113,7 @@ class Stage:
         self.iterations = 0
         self.baseline_rate = 0.0
         self.mps_root: Path | None = None
+        self.edits_from = ""
         self.cgroups_made: list[Path] = []
         self.report.flags["workdir"] = str(self.workdir)
 
@@ -153,16 +155,14 @@ class Stage:
                 self.report.add(self.probe())
         if self.opts.wants("cdi"):
             with self.section("cdi"):
-                argv = self.launcher.argv(["probe"])
-                for row in checks.cdi_check(self.nvml, argv, self.workdir / "cdi"):
-                    self.report.add(row)
+                self.cdi("whole")
         if self.opts.wants(*NEEDS_BASELINE) and not workload_missing:
             with self.section("baseline"):
                 self.iterations, self.baseline_rate, row = measure.baseline(
                     self.launcher, self.opts.seconds
                 )
                 self.report.add(row)
-        if self.opts.wants(*ENFORCED) and not workload_missing:
+        if self.opts.wants(*ENFORCED, "cdi") and not workload_missing:
             if os.geteuid() != 0:
                 reason = "needs root (cgroups, the freezer, the enforcer's NVML calls)"
                 self.report.skip("enforcer", "-", "every enforcement row", reason)
@@ -195,6 +195,20 @@ class Stage:
             {"result": result},
         )
 
+    def cdi(self, kind: str, share: measure.Share | None = None, mechanism: str = "-") -> None:
+        edits = None if share is None else cdi_edits(share.reply.container_edits)
+        workdir = self.workdir / f"cdi-{kind}"
+        for row in checks.cdi_check(
+            self.nvml,
+            self.gpu.index,
+            self.launcher.argv(["probe"]),
+            workdir,
+            kind=kind,
+            shared_edits=edits,
+            mechanism=mechanism,
+        ):
+            self.report.add(row)
+
     def enforcement(self, stack: contextlib.ExitStack) -> None:
         extra = []
         if self.opts.keep_gpu_settings and enforcer_has_flag("--compute-mode"):
@@ -213,12 +227,14 @@ class Stage:
                 self.report.add(row)
         if self.mps_root is None or caps is None:
             return
-        self.mechanism(enforcer, "watchdog", pb.ENFORCEMENT_MODE_SOFT, caps)
         hard = caps.cores_mechanism in MPS or caps.memory_mechanism == pb.MECHANISM_MEMORY_PARTITION
+        label = mechanism_name(
+            caps.cores_mechanism if caps.cores_mechanism in MPS else caps.memory_mechanism
+        )
+        # A shared claim's CDI spec carries the edits of the strongest share this GPU gives.
+        self.edits_from = label if hard else "watchdog"
+        self.mechanism(enforcer, "watchdog", pb.ENFORCEMENT_MODE_SOFT, caps)
         if hard:
-            label = mechanism_name(
-                caps.cores_mechanism if caps.cores_mechanism in MPS else caps.memory_mechanism
-            )
             self.mechanism(enforcer, label, pb.ENFORCEMENT_MODE_AUTO, caps)
 
     def mechanism(
@@ -245,18 +261,21 @@ class Stage:
             cgroups_made=self.cgroups_made,
         )
         mps_cores = mode != pb.ENFORCEMENT_MODE_SOFT and caps.cores_mechanism in MPS
-        anchor: str | None = None
+        anchor: measure.Share | None = None
         with self.section("latency", label):
             row, anchor = measure.latency(bench)
             if opts.wants("latency"):
                 add(row)
         self.see_settings(f"during {label}")
         try:
+            if opts.wants("cdi") and anchor is not None and label == self.edits_from:
+                with self.section("cdi", label):
+                    self.cdi("shared", anchor, label)
             self.experiments(bench, mode, caps, mps_cores)
         finally:
             if anchor is not None:
                 with self.section("latency", label):
-                    enforcer.release(anchor)
+                    enforcer.release(anchor.claim)
 
     def experiments(
         self,
