@@ -17,8 +17,7 @@ from pathlib import Path
 
 from e2e.gpustage.clients import EXIT_CONTEXT, WorkloadProcess, frozen, move_into
 from e2e.gpustage.enforcer import SAMPLE_INTERVAL_S
-from e2e.gpustage.measure import (
-    MEMORY_LIMIT,
+from e2e.gpustage.harness import (
     START_TIMEOUT_S,
     Bench,
     containers,
@@ -28,6 +27,7 @@ from e2e.gpustage.measure import (
     start_container,
     steady_rate,
 )
+from e2e.gpustage.measure import MEMORY_LIMIT
 from e2e.gpustage.report import Row, judged
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
 

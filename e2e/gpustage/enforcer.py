@@ -3,13 +3,15 @@ a temporary directory (``gpuslice_enforcer.testing.EnforcerProcess``), no CDI ho
 (the stage attaches containers itself), and every share it creates released at the end.
 
 Violations are collected from ``WatchViolations`` from the start, each with the monotonic time it
-arrived, so a measurement can ask "did the enforcer act on this share, and when".
+arrived, so a measurement can ask "did the enforcer act on this share, and when". Also here: the
+GetCapabilities answer as the report's JSON and rows, and whether the enforcer knows a flag.
 """
 
 from __future__ import annotations
 
 import contextlib
 import statistics
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -18,7 +20,8 @@ from pathlib import Path
 
 import grpc
 
-from gpuslice_enforcer.testing import EnforcerProcess, share_request
+from e2e.gpustage.report import Row
+from gpuslice_enforcer.testing import BIN, EnforcerProcess, share_request
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2_grpc as pb_grpc
 
@@ -164,3 +167,50 @@ def limit_mechanisms(reply: pb.CreateShareResponse) -> dict[str, str]:
 def limit_reasons(reply: pb.CreateShareResponse) -> dict[str, str]:
     names = {pb.RESOURCE_MEMORY: "memory", pb.RESOURCE_CORES: "cores"}
     return {names[lim.resource]: lim.reason for lim in reply.limits}
+
+
+def enforcer_has_flag(flag: str) -> bool:
+    """Whether this checkout's enforcer knows ``flag`` (an enforcer without --compute-mode never
+    changes the compute mode, so --keep-gpu-settings has nothing to pass to it)."""
+    out = subprocess.run(
+        [str(BIN / "gpuslice-enforcer"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return flag in out.stdout
+
+
+def capabilities_json(caps: pb.GpuCapabilities) -> dict[str, object]:
+    def cap(c: pb.Capability) -> dict[str, object]:
+        return {"available": c.available, "reason": c.reason}
+
+    return {
+        "uuid": caps.uuid,
+        "driver_version": caps.driver_version,
+        "level": pb.EnforcementLevel.Name(caps.level),
+        "memory_mechanism": mechanism_name(caps.memory_mechanism),
+        "cores_mechanism": mechanism_name(caps.cores_mechanism),
+        "memory_partitioning": cap(caps.memory_partitioning),
+        "mps_protocol3": cap(caps.mps_protocol3),
+        "mps_legacy": cap(caps.mps_legacy),
+        "mig": cap(caps.mig),
+    }
+
+
+def unavailable_rows(caps: pb.GpuCapabilities) -> list[Row]:
+    """A skipped row for each hard mechanism this GPU does not offer (or the enforcer does not
+    use), with the enforcer's reason."""
+    rows = []
+    for name, cap in (
+        ("memory-partition", caps.memory_partitioning),
+        ("mps-protocol3", caps.mps_protocol3),
+        ("mps-legacy", caps.mps_legacy),
+    ):
+        if not cap.available:
+            rows.append(Row("mechanisms", name, "offered", "no", "-", "skipped", cap.reason))
+        elif name == "mps-legacy" and caps.mps_protocol3.available:
+            reason = "offered, but MPS protocol 3 is used where both are"
+            rows.append(Row("mechanisms", name, "offered", "yes", "-", "skipped", reason))
+    return rows

@@ -1,34 +1,25 @@
-"""The measurements of one enforcement mechanism, each a small experiment with real processes.
-
-Every experiment makes its own share and its own "containers" (fresh cgroups, a workload moved
-into them and attached to the share, the share's environment), and undoes all of it before it
-returns, whatever happened, in the order a pod ends: processes killed, their cgroups removed,
-then the share released. Rates are the workload's kernels per second, steady state (the first
-second left out: start-up and a watchdog share's burst credit), as a percentage of the
-unconstrained baseline run with the same ``--iterations``.
-"""
+"""The experiments of one enforcement mechanism (harness.py runs each in its own share and
+containers): CreateShare latency, the memory limit, SM alone and as a 30/70 pair, overhead."""
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 
-from e2e.gpustage.clients import (
-    Launcher,
-    WorkloadProcess,
-    attach,
-    move_into,
-    share_env,
-    thaw,
+from e2e.gpustage.enforcer import SAMPLE_INTERVAL_S, median
+from e2e.gpustage.harness import (
+    START_TIMEOUT_S,
+    Bench,
+    Share,
+    as_int,
+    containers,
+    percent,
+    share,
+    sm_result,
+    start_container,
+    steady_rate,
 )
-from e2e.gpustage.enforcer import SAMPLE_INTERVAL_S, StageEnforcer, limit_mechanisms, median
-from e2e.gpustage.report import GIB, Row, Verdict, gib, judged
-from gpuslice_enforcer.testing import Cgroups
+from e2e.gpustage.report import GIB, Row, gib
 from gpuslice_nvml import Nvml, NvmlError
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
 
@@ -38,140 +29,6 @@ MEMORY_ASK = 6 * GIB
 PAIR_TOLERANCE = 5.0  # points
 OVERHEAD_TARGET = 2.0  # percent
 LATENCY_SHARES = 6  # the first, then the median of the next five
-#: what a workload may take to start (interpreter, CUDA, MPS connection) before it is late
-START_TIMEOUT_S = 60.0
-
-
-@dataclass
-class Bench:
-    """What every experiment of one mechanism needs."""
-
-    nvml: Nvml
-    enforcer: StageEnforcer
-    launcher: Launcher
-    gpu_uuid: str
-    memory_total: int
-    seconds: float
-    iterations: int
-    baseline_rate: float
-    mechanism: str  # the section's label: "watchdog", "mps-legacy", …
-    mode: pb.EnforcementMode.ValueType
-    #: why the outcome of a limit cannot be judged on this backend ("" when it can)
-    unjudged: str = ""
-    #: every cgroup the experiments made (all removed by the time they return)
-    cgroups_made: list[Path] = field(default_factory=list)
-    _ids: Iterator[int] = field(default_factory=itertools.count)
-
-    def claim(self, what: str) -> str:
-        return f"gpustage-{self.mechanism}-{what}-{next(self._ids)}"
-
-    def verdict(self, ok: bool, mechanism: str) -> Verdict:
-        """Judged, except a limit that MPS holds where MPS's effect cannot be seen."""
-        return "measured" if self.unjudged and mechanism.startswith("mps") else judged(ok)
-
-    def note(self, row: Row) -> Row:
-        """Say why a row that has a target was only measured."""
-        if row.verdict == "measured" and row.target != "(reported)":
-            row.detail = "; ".join(filter(None, [row.detail, self.unjudged]))
-        return row
-
-    def sm(self, *, start_at: float | None = None) -> list[str]:
-        command = ["sm", "--seconds", f"{self.seconds:g}", "--iterations", str(self.iterations)]
-        return command + (["--start-at", f"{start_at:.3f}"] if start_at else [])
-
-
-@dataclass
-class Container:
-    proc: WorkloadProcess
-    cgroups: list[Path]
-
-
-@dataclass(frozen=True)
-class Share:
-    claim: str
-    reply: pb.CreateShareResponse
-
-    @property
-    def id(self) -> str:
-        return self.reply.share_id
-
-    def mechanism(self, resource: str, default: str) -> str:
-        return limit_mechanisms(self.reply).get(resource, default)
-
-
-@contextlib.contextmanager
-def share(bench: Bench, what: str, cores: int, memory: int) -> Iterator[Share]:
-    claim = bench.claim(what)
-    reply, _ = bench.enforcer.create(
-        claim, bench.gpu_uuid, cores=cores, memory=memory, mode=bench.mode
-    )
-    try:
-        yield Share(claim, reply)
-    finally:
-        bench.enforcer.release(claim)
-
-
-@contextlib.contextmanager
-def containers(bench: Bench) -> Iterator[tuple[Cgroups, list[WorkloadProcess]]]:
-    """Cgroups and processes of one experiment: processes killed first, then cgroups removed
-    (each logged in ``bench.cgroups_made``, so the stage can check that none is left)."""
-    with Cgroups() as cgroups:
-        procs: list[WorkloadProcess] = []
-        try:
-            yield cgroups, procs
-        finally:
-            for proc in procs:
-                proc.kill()
-            thaw(cgroups.made)  # a process killed while frozen dies when thawed
-            for proc in procs:
-                proc.stop()
-            bench.cgroups_made.extend(cgroups.made)
-
-
-def start_container(
-    bench: Bench,
-    made: tuple[Cgroups, list[WorkloadProcess]],
-    shared: Share | None,
-    name: str,
-    command: Sequence[str],
-) -> Container:
-    """A workload in fresh cgroups, attached to the share (as the CDI hook would) with the
-    share's environment, then let go."""
-    cgroups, procs = made
-    env = share_env(shared.reply.container_edits) if shared is not None else {}
-    proc = bench.launcher.start(name, command, env)
-    procs.append(proc)
-    dirs = cgroups.container()
-    move_into(proc.pid, dirs)
-    if shared is not None:
-        attach(bench.enforcer.containers, shared.reply, shared.claim, f"ctr-{name}", proc.pid)
-    proc.go()
-    return Container(proc, dirs)
-
-
-def steady_rate(result: dict[str, object]) -> float:
-    """Kernels per second without the first second (two 0.5 s windows) when the run is long
-    enough to leave at least two windows; else the run's own rate."""
-    windows = result.get("windows")
-    if isinstance(windows, list) and len(windows) >= 4:
-        tail = [float(w) for w in windows[2:]]
-        return sum(tail) / len(tail)
-    rate = result.get("rate", 0.0)
-    return float(rate) if isinstance(rate, int | float) else 0.0
-
-
-def sm_result(proc: WorkloadProcess, timeout: float) -> dict[str, object]:
-    """The sm result of a finished workload; RuntimeError naming how it ended otherwise."""
-    if proc.finish(timeout) is None:
-        raise RuntimeError(f"{proc.name} did not finish within {timeout:g} s")
-    result = proc.result
-    if not result or not result.get("ok"):
-        raise RuntimeError(f"{proc.name}: {proc.describe_end()}")
-    return result
-
-
-def percent(rate: float, baseline: float) -> float:
-    return 100.0 * rate / baseline if baseline > 0 else float("nan")
 
 
 class BreachWatch:
@@ -255,8 +112,8 @@ def memory_limit(bench: Bench) -> Row:
         finally:
             watch.stop()
         progress = [line for line in ctr.proc.lines if "allocated" in line.data]
-        over = next((ln for ln in progress if _int(ln.data["allocated"]) > MEMORY_LIMIT), None)
-        under = [ln for ln in progress if _int(ln.data["allocated"]) <= MEMORY_LIMIT]
+        over = next((ln for ln in progress if as_int(ln.data["allocated"]) > MEMORY_LIMIT), None)
+        under = [ln for ln in progress if as_int(ln.data["allocated"]) <= MEMORY_LIMIT]
         killed = bench.enforcer.violations.first(
             lambda v: v.share_id == shared.id and v.action == pb.ACTION_KILLED
         )
@@ -264,7 +121,7 @@ def memory_limit(bench: Bench) -> Row:
             "limit_bytes": MEMORY_LIMIT,
             "asked_bytes": MEMORY_ASK,
             "exit": code,
-            "max_progress_bytes": max((_int(ln.data["allocated"]) for ln in progress), default=0),
+            "max_progress_bytes": max((as_int(ln.data["allocated"]) for ln in progress), default=0),
             "max_nvml_used_bytes": watch.max_used,
             "sample_interval_s": SAMPLE_INTERVAL_S,
             "violation": killed.violation.message if killed else None,
@@ -295,13 +152,13 @@ def memory_limit(bench: Bench) -> Row:
             if killed is None:
                 row.detail = f"{ctr.proc.describe_end()}, but no KILLED violation was reported"
     elif code == 0 and result.get("ok") is False:
-        allocated, error = _int(result.get("allocated")), str(result.get("error") or "")
+        allocated, error = as_int(result.get("allocated")), str(result.get("error") or "")
         refused = "OUT_OF_MEMORY" in error and allocated <= MEMORY_LIMIT
         row.value = f"refused at {gib(allocated)}"
         row.verdict = bench.verdict(refused, mechanism)
         row.detail = "" if refused else f"refused past the limit or not for memory: {error}"
     elif code == 0 and result.get("ok"):
-        row.value = f"allocated {gib(_int(result.get('allocated')))}, not killed"
+        row.value = f"allocated {gib(as_int(result.get('allocated')))}, not killed"
         row.verdict = bench.verdict(False, mechanism)
     else:
         row.value, row.detail = f"exit {code}", ctr.proc.describe_end()
@@ -389,39 +246,3 @@ def overhead(bench: Bench) -> Row:
         data={"slower_percent": slower, "result": result},
     )
     return bench.note(row)
-
-
-def _int(value: object) -> int:
-    return int(value) if isinstance(value, int | float) else 0
-
-
-def baseline(launcher: Launcher, seconds: float) -> tuple[int, float, Row]:
-    """Unconstrained, no share: calibrate the iterations of a 20 ms kernel once, then measure
-    the rate every later run is compared with, with those iterations."""
-    calibrate = launcher.start(
-        "calibrate", ["sm", "--seconds", f"{min(seconds, 2.0):g}", "--kernel-ms", "20"], wait=False
-    )
-    try:
-        calibration = sm_result(calibrate, seconds + START_TIMEOUT_S)
-    finally:
-        calibrate.stop()
-    iterations = _int(calibration.get("iterations"))
-    if iterations <= 0:
-        raise RuntimeError(f"the calibration run gave no iterations: {calibration}")
-    command = ["sm", "--seconds", f"{seconds:g}", "--iterations", str(iterations)]
-    run = launcher.start("baseline", command, wait=False)
-    try:
-        result = sm_result(run, seconds + START_TIMEOUT_S)
-    finally:
-        run.stop()
-    rate = steady_rate(result)
-    row = Row(
-        "baseline",
-        "none",
-        "unconstrained sm, no share",
-        f"{rate:.1f} kernels/s ({iterations} iterations)",
-        "(reported)",
-        "measured",
-        data={"rate": rate, "iterations": iterations, "calibration": calibration, "result": result},
-    )
-    return iterations, rate, row

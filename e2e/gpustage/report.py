@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import os
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import TracebackType
 from typing import Literal
 
 Verdict = Literal["pass", "fail", "measured", "skipped"]
@@ -144,3 +146,29 @@ def _iso(epoch: float) -> str:
 
 def gib(nbytes: float) -> str:
     return f"{nbytes / GIB:.2f} GiB"
+
+
+class Section:
+    """Times a section; an exception in it becomes a failed row with the error and the stage
+    goes on with the next section (``__exit__`` returns True for an ``Exception``)."""
+
+    def __init__(self, report: Report, name: str, mechanism: str) -> None:
+        self.report, self.name, self.mechanism = report, name, mechanism
+        self.key = name if mechanism == "-" else f"{name}/{mechanism}"
+
+    def __enter__(self) -> None:
+        self.start = time.monotonic()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
+        took = time.monotonic() - self.start
+        self.report.durations[self.key] = self.report.durations.get(self.key, 0.0) + took
+        if not isinstance(exc, Exception):
+            return False
+        detail = f"{type(exc).__name__}: {exc}"
+        data: dict[str, object] = {"traceback": "".join(traceback.format_exception(exc))[-4000:]}
+        self.report.add(
+            Row(self.name, self.mechanism, "section", "crashed", "-", "fail", detail, data)
+        )
+        return True

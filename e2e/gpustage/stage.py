@@ -15,22 +15,25 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-import subprocess
 import time
-import traceback
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import TracebackType
 
-from e2e.gpustage import checks, measure
+from e2e.gpustage import checks, harness, measure
 from e2e.gpustage.bypass import bypass
 from e2e.gpustage.clients import WORKLOAD_MODULE, Launcher
-from e2e.gpustage.enforcer import StageEnforcer, mechanism_name
-from e2e.gpustage.report import Report, Row
+from e2e.gpustage.enforcer import (
+    StageEnforcer,
+    capabilities_json,
+    enforcer_has_flag,
+    mechanism_name,
+    unavailable_rows,
+)
+from e2e.gpustage.report import Report, Row, Section
 from gpuslice_api.enforcer import cdi_edits
 from gpuslice_core.errors import GpusliceError
-from gpuslice_enforcer.testing import BIN, remove_tree, short_tempdir
+from gpuslice_enforcer.testing import remove_tree, short_tempdir
 from gpuslice_nvml import GpuInfo, Nvml, open_nvml
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
 
@@ -62,32 +65,6 @@ class Options:
         flags = asdict(self)
         flags.update(fake_config=str(self.fake_config or ""), json_path=str(self.json_path))
         return flags
-
-
-class Section:
-    """Times a section; an exception in it becomes a failed row with the error and the stage
-    goes on with the next section (``__exit__`` returns True for an ``Exception``)."""
-
-    def __init__(self, report: Report, name: str, mechanism: str) -> None:
-        self.report, self.name, self.mechanism = report, name, mechanism
-        self.key = name if mechanism == "-" else f"{name}/{mechanism}"
-
-    def __enter__(self) -> None:
-        self.start = time.monotonic()
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> bool:
-        took = time.monotonic() - self.start
-        self.report.durations[self.key] = self.report.durations.get(self.key, 0.0) + took
-        if not isinstance(exc, Exception):
-            return False
-        detail = f"{type(exc).__name__}: {exc}"
-        data: dict[str, object] = {"traceback": "".join(traceback.format_exception(exc))[-4000:]}
-        self.report.add(
-            Row(self.name, self.mechanism, "section", "crashed", "-", "fail", detail, data)
-        )
-        return True
 
 
 class Stage:
@@ -158,7 +135,7 @@ class Stage:
                 self.cdi("whole")
         if self.opts.wants(*NEEDS_BASELINE) and not workload_missing:
             with self.section("baseline"):
-                self.iterations, self.baseline_rate, row = measure.baseline(
+                self.iterations, self.baseline_rate, row = harness.baseline(
                     self.launcher, self.opts.seconds
                 )
                 self.report.add(row)
@@ -173,7 +150,7 @@ class Stage:
     def probe(self) -> Row:
         proc = self.launcher.start("probe", ["probe"], wait=False)
         try:
-            proc.finish(measure.START_TIMEOUT_S)
+            proc.finish(harness.START_TIMEOUT_S)
         finally:
             proc.stop()
         result = proc.result or {}
@@ -195,7 +172,7 @@ class Stage:
             {"result": result},
         )
 
-    def cdi(self, kind: str, share: measure.Share | None = None, mechanism: str = "-") -> None:
+    def cdi(self, kind: str, share: harness.Share | None = None, mechanism: str = "-") -> None:
         edits = None if share is None else cdi_edits(share.reply.container_edits)
         workdir = self.workdir / f"cdi-{kind}"
         for row in checks.cdi_check(
@@ -246,7 +223,7 @@ class Stage:
     ) -> None:
         """Every experiment of one mechanism, with its latency shares' first one kept."""
         opts, add = self.opts, self.report.add
-        bench = measure.Bench(
+        bench = harness.Bench(
             nvml=self.nvml,
             enforcer=enforcer,
             launcher=self.launcher,
@@ -261,7 +238,7 @@ class Stage:
             cgroups_made=self.cgroups_made,
         )
         mps_cores = mode != pb.ENFORCEMENT_MODE_SOFT and caps.cores_mechanism in MPS
-        anchor: measure.Share | None = None
+        anchor: harness.Share | None = None
         with self.section("latency", label):
             row, anchor = measure.latency(bench)
             if opts.wants("latency"):
@@ -279,7 +256,7 @@ class Stage:
 
     def experiments(
         self,
-        bench: measure.Bench,
+        bench: harness.Bench,
         mode: pb.EnforcementMode.ValueType,
         caps: pb.GpuCapabilities,
         mps_cores: bool,
@@ -349,53 +326,6 @@ class Stage:
                     data={"made": [str(m) for m in made], "left": left},
                 )
             )
-
-
-def enforcer_has_flag(flag: str) -> bool:
-    """Whether this checkout's enforcer knows ``flag`` (an enforcer without --compute-mode never
-    changes the compute mode, so --keep-gpu-settings has nothing to pass to it)."""
-    out = subprocess.run(
-        [str(BIN / "gpuslice-enforcer"), "--help"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    return flag in out.stdout
-
-
-def capabilities_json(caps: pb.GpuCapabilities) -> dict[str, object]:
-    def cap(c: pb.Capability) -> dict[str, object]:
-        return {"available": c.available, "reason": c.reason}
-
-    return {
-        "uuid": caps.uuid,
-        "driver_version": caps.driver_version,
-        "level": pb.EnforcementLevel.Name(caps.level),
-        "memory_mechanism": mechanism_name(caps.memory_mechanism),
-        "cores_mechanism": mechanism_name(caps.cores_mechanism),
-        "memory_partitioning": cap(caps.memory_partitioning),
-        "mps_protocol3": cap(caps.mps_protocol3),
-        "mps_legacy": cap(caps.mps_legacy),
-        "mig": cap(caps.mig),
-    }
-
-
-def unavailable_rows(caps: pb.GpuCapabilities) -> list[Row]:
-    """A skipped row for each hard mechanism this GPU does not offer (or the enforcer does not
-    use), with the enforcer's reason."""
-    rows = []
-    for name, cap in (
-        ("memory-partition", caps.memory_partitioning),
-        ("mps-protocol3", caps.mps_protocol3),
-        ("mps-legacy", caps.mps_legacy),
-    ):
-        if not cap.available:
-            rows.append(Row("mechanisms", name, "offered", "no", "-", "skipped", cap.reason))
-        elif name == "mps-legacy" and caps.mps_protocol3.available:
-            reason = "offered, but MPS protocol 3 is used where both are"
-            rows.append(Row("mechanisms", name, "offered", "yes", "-", "skipped", reason))
-    return rows
 
 
 def run(opts: Options) -> Report:
