@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from e2e.gpustage.clients import EXIT_CONTEXT, WorkloadProcess, frozen, move_into
+from e2e.gpustage.clients import EXIT_CONTEXT, Line, WorkloadProcess, frozen, move_into
 from e2e.gpustage.enforcer import SAMPLE_INTERVAL_S
 from e2e.gpustage.harness import (
     START_TIMEOUT_S,
@@ -34,10 +34,12 @@ from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
 #: how long the stage watches for the enforcer to act after the bypasser's context exists
 WATCH_S = 3.0
 ACTING = (pb.ACTION_THROTTLED, pb.ACTION_KILLED)
+FIGURE = "non-MPS process in the share"
+TARGET = "no context, or frozen/killed <= 2 periods"
 
 
 def bypass(bench: Bench, alone_percent: float | None) -> list[Row]:
-    figure, target = "non-MPS process in the share", "no context, or frozen/killed <= 2 periods"
+    figure, target = FIGURE, TARGET
     with share(bench, "bypass", 30, MEMORY_LIMIT) as shared, containers(bench) as made:
         legit = start_container(bench, made, shared, f"{bench.mechanism}-legit", bench.sm())
         if legit.proc.ready(START_TIMEOUT_S) is None:
@@ -47,10 +49,19 @@ def bypass(bench: Bench, alone_percent: float | None) -> list[Row]:
         rogue = bench.launcher.start(f"{bench.mechanism}-bypass", bench.sm())
         made[1].append(rogue)
         move_into(rogue.pid, legit.cgroups)
+        acting = Acting(bench, shared.id, legit.cgroups, rogue)
+        go_at = time.monotonic()
         rogue.go()
-        ready = rogue.ready(START_TIMEOUT_S)
+        ready = _started(rogue, acting)
         data: dict[str, object] = {"sample_interval_s": SAMPLE_INTERVAL_S}
-        if ready is None:
+        if ready is not None:
+            row = _watch(bench, acting, ready.at, data)
+        elif acting.seen:  # acted on before it could say it had a context
+            first, at = acting.first()
+            data.update(acting.data, first=first, after_go_s=at - go_at)
+            value = f"{acting.name(first)} before its ready line"
+            row = Row("bypass", bench.mechanism, figure, value, target, "pass", data=data)
+        else:
             rogue.finish(10)
             refused = rogue.proc.returncode == EXIT_CONTEXT
             data["bypasser_end"] = rogue.describe_end()
@@ -64,8 +75,6 @@ def bypass(bench: Bench, alone_percent: float | None) -> list[Row]:
                 "" if refused else "the bypasser neither started nor was refused a context",
                 data,
             )
-        else:
-            row = _watch(bench, shared.id, legit.cgroups, rogue, ready.at, data)
         rows = [row]
         try:
             result = sm_result(legit.proc, bench.seconds + START_TIMEOUT_S)
@@ -90,63 +99,84 @@ def bypass(bench: Bench, alone_percent: float | None) -> list[Row]:
     return rows
 
 
-def _watch(
-    bench: Bench,
-    share_id: str,
-    cgroups: Sequence[Path],
-    rogue: WorkloadProcess,
-    ready_at: float,
-    data: dict[str, object],
-) -> Row:
-    """After the bypasser's ready line: the first sign that the enforcer acted on it — its
-    cgroup frozen, a THROTTLED/KILLED violation of the share, or its death by a signal."""
-    figure, target = "non-MPS process in the share", "no context, or frozen/killed <= 2 periods"
-    seen: dict[str, float] = {}
-    acted = ""
-    deadline = ready_at + WATCH_S
-    while time.monotonic() < deadline and len(seen) < 3:
+class Acting:
+    """Signs that the enforcer acted on the bypasser: its cgroup frozen, a THROTTLED/KILLED
+    violation of the share, its death by a signal; each with the moment it was first seen."""
+
+    def __init__(
+        self, bench: Bench, share_id: str, cgroups: Sequence[Path], rogue: WorkloadProcess
+    ) -> None:
+        self.bench, self.share_id, self.cgroups, self.rogue = bench, share_id, cgroups, rogue
+        self.since = time.monotonic()
+        self.seen: dict[str, float] = {}
+        self.data: dict[str, object] = {}
+        self.action = ""
+
+    def check(self) -> None:
         now = time.monotonic()
-        if "frozen" not in seen and frozen(cgroups):
-            seen["frozen"] = now
-        violation = bench.enforcer.violations.first(
-            lambda v: v.share_id == share_id and v.action in ACTING, since=ready_at - 1.0
-        )
-        if violation is not None and "violation" not in seen:
-            seen["violation"] = violation.at
-            acted = pb.Action.Name(violation.violation.action).removeprefix("ACTION_")
-            data["violation"] = {
-                "action": pb.Action.Name(violation.violation.action),
-                "resource": pb.Resource.Name(violation.violation.resource),
-                "pid": violation.violation.pid,
-                "message": violation.violation.message,
-            }
-        code = rogue.proc.poll()
-        if "killed" not in seen and code is not None and code < 0:
-            seen["killed"] = now
+        if "frozen" not in self.seen and frozen(self.cgroups):
+            self.seen["frozen"] = now
+        if "violation" not in self.seen:
+            found = self.bench.enforcer.violations.first(
+                lambda v: v.share_id == self.share_id and v.action in ACTING, since=self.since
+            )
+            if found is not None:
+                self.seen["violation"] = found.at
+                self.action = pb.Action.Name(found.violation.action).removeprefix("ACTION_")
+                self.data["violation"] = {
+                    "action": self.action,
+                    "resource": pb.Resource.Name(found.violation.resource),
+                    "pid": found.violation.pid,
+                    "message": found.violation.message,
+                }
+        code = self.rogue.proc.poll()
+        if "killed" not in self.seen and code is not None and code < 0:
+            self.seen["killed"] = now
+
+    def first(self) -> tuple[str, float]:
+        first = min(self.seen, key=lambda k: self.seen[k])
+        return first, self.seen[first]
+
+    def name(self, what: str) -> str:
+        return f"{self.action} violation" if what == "violation" else what
+
+
+def _started(rogue: WorkloadProcess, acting: Acting) -> Line | None:
+    """The bypasser's ready line; None when it ended first (refused a context, or killed) or
+    the enforcer acted on it before it could print one."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        ready = rogue.ready(0.01)
+        if ready is not None:
+            return ready
+        acting.check()
+        if acting.seen or rogue.proc.poll() is not None:
+            return None
+    return None
+
+
+def _watch(bench: Bench, acting: Acting, ready_at: float, data: dict[str, object]) -> Row:
+    """From the bypasser's ready line: the first sign that the enforcer acted on it."""
+    deadline = ready_at + WATCH_S
+    while time.monotonic() < deadline and len(acting.seen) < 3:
+        acting.check()
         time.sleep(0.01)
-    data["evidence_s"] = {what: at - ready_at for what, at in seen.items()}
-    if not seen:
+    data.update(acting.data)
+    data["evidence_s"] = {what: at - ready_at for what, at in acting.seen.items()}
+    if not acting.seen:
         return Row(
             "bypass",
             bench.mechanism,
-            figure,
+            FIGURE,
             f"ran unconstrained for {WATCH_S:g} s",
-            target,
+            TARGET,
             "fail",
             "a context outside MPS, and the enforcer neither froze nor killed it",
             data,
         )
-    first = min(seen, key=lambda k: seen[k])
-    reaction = max(0.0, seen[first] - ready_at)
+    first, at = acting.first()
+    reaction = max(0.0, at - ready_at)
     periods = reaction / SAMPLE_INTERVAL_S
     data.update(first=first, reaction_s=reaction, periods=periods)
-    what = f"{acted} violation" if first == "violation" else first
-    return Row(
-        "bypass",
-        bench.mechanism,
-        figure,
-        f"{what} after {periods:.1f} periods ({reaction * 1000:.0f} ms)",
-        target,
-        judged(periods <= 2.0),
-        data=data,
-    )
+    value = f"{acting.name(first)} after {periods:.1f} periods ({reaction * 1000:.0f} ms)"
+    return Row("bypass", bench.mechanism, FIGURE, value, TARGET, judged(periods <= 2.0), data=data)
