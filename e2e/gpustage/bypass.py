@@ -50,6 +50,7 @@ def bypass(bench: Bench, alone_percent: float | None) -> list[Row]:
         made[1].append(rogue)
         move_into(rogue.pid, legit.cgroups)
         acting = Acting(bench, shared.id, legit.cgroups, rogue)
+        acting.calibrate()
         go_at = time.monotonic()
         rogue.go()
         ready = _started(rogue, acting)
@@ -75,6 +76,9 @@ def bypass(bench: Bench, alone_percent: float | None) -> list[Row]:
                 "" if refused else "the bypasser neither started nor was refused a context",
                 data,
             )
+        if not acting.count_frozen:
+            note = "the client's cgroup was frozen before the bypasser started; not counted"
+            row.detail = "; ".join(filter(None, [row.detail, note]))
         rows = [row]
         try:
             result = sm_result(legit.proc, bench.seconds + START_TIMEOUT_S)
@@ -111,15 +115,24 @@ class Acting:
         self.seen: dict[str, float] = {}
         self.data: dict[str, object] = {}
         self.action = ""
+        self.count_frozen = True
+
+    def calibrate(self, seconds: float = 3 * SAMPLE_INTERVAL_S) -> None:
+        """Before the bypasser goes: if the legitimate client's cgroup is frozen on its own (it
+        is then no MPS client either), a frozen cgroup says nothing about the bypasser."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and self.count_frozen:
+            self.count_frozen = not frozen(self.cgroups)
+            time.sleep(0.01)
+        if not self.count_frozen:
+            self.data["frozen_before_bypasser"] = True
 
     def check(self) -> None:
         now = time.monotonic()
-        if "frozen" not in self.seen and frozen(self.cgroups):
+        if self.count_frozen and "frozen" not in self.seen and frozen(self.cgroups):
             self.seen["frozen"] = now
         if "violation" not in self.seen:
-            found = self.bench.enforcer.violations.first(
-                lambda v: v.share_id == self.share_id and v.action in ACTING, since=self.since
-            )
+            found = self.bench.enforcer.violations.first(self.about_rogue, since=self.since)
             if found is not None:
                 self.seen["violation"] = found.at
                 self.action = pb.Action.Name(found.violation.action).removeprefix("ACTION_")
@@ -132,6 +145,14 @@ class Acting:
         code = self.rogue.proc.poll()
         if "killed" not in self.seen and code is not None and code < 0:
             self.seen["killed"] = now
+
+    def about_rogue(self, v: pb.Violation) -> bool:
+        """A THROTTLED/KILLED violation of the share that names the bypasser (its pid, or in
+        the message: a throttle acts on the share's cgroups and names the cause there), so one
+        the legitimate client caused is not taken for the bypasser's."""
+        pid = self.rogue.pid
+        names = v.pid == pid or f"pid {pid} " in f"{v.message} "
+        return v.share_id == self.share_id and v.action in ACTING and names
 
     def first(self) -> tuple[str, float]:
         first = min(self.seen, key=lambda k: self.seen[k])
