@@ -211,6 +211,9 @@ class Stage:
         # A shared claim's CDI spec carries the edits of the strongest share this GPU gives.
         self.edits_from = label if hard else "watchdog"
         self.mechanism(enforcer, "watchdog", pb.ENFORCEMENT_MODE_SOFT, caps)
+        if self.opts.wants("bypass") and caps.cores_mechanism not in MPS:
+            reason = f"no MPS on this GPU: {caps.mps_legacy.reason or caps.mps_protocol3.reason}"
+            self.report.skip("bypass", "mps", "non-MPS process in the share", reason)
         if hard:
             self.mechanism(enforcer, label, pb.ENFORCEMENT_MODE_AUTO, caps)
 
