@@ -121,7 +121,7 @@ class Stage:
         if self.opts.wants("contract"):
             with self.section("contract"):
                 self.report.add(checks.contract_tests(self.opts.nvml))
-        workload_missing = importlib.util.find_spec(self.opts.workload_module) is None
+        workload_missing = not module_exists(self.opts.workload_module)
         if workload_missing:
             reason = f"the workload program ({self.opts.workload_module}) is not in this checkout"
             for name in [s for s in SECTIONS if s not in ("contract", "cdi")]:
@@ -187,12 +187,12 @@ class Stage:
             self.report.add(row)
 
     def enforcement(self, stack: contextlib.ExitStack) -> None:
-        extra = []
-        if self.opts.keep_gpu_settings and enforcer_has_flag("--compute-mode"):
-            extra.append("--compute-mode=leave")
-        self.report.flags["enforcer_args"] = extra
         caps: pb.GpuCapabilities | None = None
         with self.section("enforcer"):
+            extra = []
+            if self.opts.keep_gpu_settings and enforcer_has_flag("--compute-mode"):
+                extra.append("--compute-mode=leave")
+            self.report.flags["enforcer_args"] = extra
             enforcer = StageEnforcer(self.opts.nvml, self.fake_config, self.workdir / "e", extra)
             stack.callback(enforcer.close)
             self.mps_root = enforcer.mps_root
@@ -329,6 +329,13 @@ class Stage:
                     data={"made": [str(m) for m in made], "left": left},
                 )
             )
+
+
+def module_exists(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
 
 
 def run(opts: Options) -> Report:
