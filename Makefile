@@ -5,7 +5,8 @@ PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
 .PHONY: all setup demo inventory chart test lint typecheck imports proto proto-check unit clean \
-	kube-binaries node-binaries images e2e-real e2e-kind cluster-up cluster-down cluster-status
+	kube-binaries node-binaries images e2e-real e2e-kind cluster-up cluster-down cluster-status \
+	gpu-stage
 
 all: test
 
@@ -64,6 +65,13 @@ e2e-real: setup kube-binaries node-binaries images
 
 e2e-kind: setup
 	bash hack/e2e-kind.sh
+
+# The enforcer's limits measured on one real GPU, no Kubernetes (docs/gpu-stage.md); as root.
+# Shared machines: make gpu-stage GPU_STAGE_ARGS=--keep-gpu-settings. Without a GPU:
+# GPU_STAGE_ARGS="--nvml fake". Table on stdout, JSON in .gpustage/report.json.
+GPU_STAGE_ARGS ?=
+gpu-stage: setup
+	$(PY) -m e2e.gpustage $(GPU_STAGE_ARGS)
 
 # The real node's runtime (containerd, runc, crictl), built once from Go modules (same cache).
 node-binaries:
