@@ -114,6 +114,8 @@ class CdiResult:
     probe: dict[str, Any] | None = None
     probe_exit: int | None = None
     probe_stderr: str = ""
+    #: Remarks that do not decide the result (hooks not run, hooks absent).
+    notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
     @property
@@ -316,6 +318,13 @@ def _check(
         process_env=dict(process_env),
         added_for_process=[*EXTRA_NODES, *EXTRA_DIRS],
     )
+    if edits.hooks:
+        res.notes.append(f"{len(edits.hooks)} hook(s) checked, not run: they need an OCI state")
+    elif claim.kind == "shared":
+        res.notes.append(
+            "the share's edits carry no hooks: the enforcer's --hook-path is empty (hooks "
+            "disabled) or the share is not enforced"
+        )
     try:
         if res.missing_host_paths:
             res.reason = f"host paths of the spec do not exist: {res.missing_host_paths}"
