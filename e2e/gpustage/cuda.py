@@ -13,9 +13,10 @@ Every call that returns a ``CUresult`` other than ``CUDA_SUCCESS`` raises :class
 whose text names the call and the error (``cuCtxSetCurrent: CUDA_ERROR_DEVICES_UNAVAILABLE
 (46)``). A machine without the driver raises :class:`CudaLibraryError` naming the library.
 
-The PTX was checked with ptxas from CUDA 12.9 (V12.9.86, the ``nvidia-cuda-nvcc-cu12`` wheel)
-for sm_70, sm_80 and sm_90: it assembles with 8 registers and no spills. CUDA 13's ptxas no
-longer targets sm_70, which is why the older one checks the floor.
+The PTX was checked with ptxas V12.9.86 (the ``nvidia-cuda-nvcc-cu12`` wheel) for sm_70, sm_80
+and sm_90, and with ptxas V13.0.88 (``nvidia-cuda-nvcc``, the toolkit of driver 580) for sm_75,
+sm_90 and sm_100: it assembles with 8 registers and no spills. CUDA 13's ptxas no longer
+targets sm_70, which is why the older one checks the floor.
 """
 
 from __future__ import annotations

@@ -386,9 +386,15 @@ def test_ptx_assembles(arch: str, tmp_path: Path) -> None:
         pytest.skip("no ptxas (set PTXAS, e.g. from the nvidia-cuda-nvcc-cu12 wheel)")
     source = tmp_path / "spin.ptx"
     source.write_text(cuda.SPIN_PTX)
-    subprocess.run(
-        [ptxas, f"-arch={arch}", str(source), "-o", str(tmp_path / "spin.cubin")], check=True
+    proc = subprocess.run(
+        [ptxas, f"-arch={arch}", str(source), "-o", str(tmp_path / "spin.cubin")],
+        capture_output=True,
+        text=True,
+        check=False,
     )
+    if "is not defined for option 'gpu-name'" in proc.stderr:
+        pytest.skip(f"this ptxas does not target {arch} (CUDA 13 dropped sm_70)")
+    assert proc.returncode == 0, proc.stderr
 
 
 # -- the fake backend -----------------------------------------------------------------------
