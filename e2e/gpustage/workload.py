@@ -44,7 +44,7 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -62,7 +62,7 @@ from e2e.gpustage.cuda import (
 )
 
 if TYPE_CHECKING:
-    from gpuslice_nvml.fake import FakeNvml, FakeNvmlControl
+    from gpuslice_nvml.fake import FakeNvmlControl
 
 EXIT_OK = 0
 EXIT_WORK_FAILED = 1
@@ -103,41 +103,31 @@ def parse_bytes(text: str) -> int:
     return value
 
 
-def _number(text: str, kind: type[int] | type[float], low: float, high: float) -> float:
-    try:
-        value = kind(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
-    if not (low <= value <= high and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"{text!r} is out of range [{low:g}, {high:g}]")
-    return value
+def _in_range(
+    kind: type[int] | type[float], low: float, high: float = math.inf, *, above: bool = False
+) -> Callable[[str], float]:
+    """An argparse type: an int or float at least ``low`` (more than it, with ``above``)."""
+    what = "an integer" if kind is int else "a number"
+    bound = f"more than {low:g}" if above else f"at least {low:g}"
+    if high < math.inf:
+        bound += f" and at most {high:.0f}" if kind is int else f" and at most {high:g}"
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+        if not ((value > low if above else value >= low) and value <= high):
+            raise argparse.ArgumentTypeError(f"{text!r}: must be {bound}")
+        return value
+
+    return parse
 
 
-def _positive_float(text: str) -> float:
-    value = _number(text, float, 0, math.inf)
-    if value == 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be more than 0")
-    return value
-
-
-def _seconds(text: str) -> float:
-    return _number(text, float, 0, math.inf)
-
-
-def _epoch(text: str) -> float:
-    return _number(text, float, 0, 1e11)
-
-
-def _ordinal(text: str) -> int:
-    return int(_number(text, int, 0, 1 << 16))
-
-
-def _count(text: str) -> int:
-    return int(_number(text, int, 1, 1 << 20))
-
-
-def _iterations(text: str) -> int:
-    return int(_number(text, int, 1, MAX_ITERATIONS))
+_positive = _in_range(float, 0, above=True)
+_seconds = _in_range(float, 0)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -153,7 +143,10 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> _Parser:
     common = _Parser(add_help=False)
     common.add_argument(
-        "--device", type=_ordinal, default=0, help="The CUDA device ordinal to use (default 0)."
+        "--device",
+        type=_in_range(int, 0, 1 << 16),
+        default=0,
+        help="The CUDA device ordinal to use (default 0).",
     )
     common.add_argument(
         "--wait",
@@ -180,27 +173,28 @@ def build_parser() -> _Parser:
         "probe", parents=[common], help="Print the driver version and the GPUs this process sees."
     )
     sm = commands.add_parser("sm", parents=[common], help="Keep the SMs busy and count kernels.")
-    sm.add_argument(
-        "--seconds", type=_positive_float, required=True, help="How long to launch kernels."
-    )
+    sm.add_argument("--seconds", type=_positive, required=True, help="How long to launch kernels.")
     sm.add_argument(
         "--start-at",
-        type=_epoch,
+        type=_in_range(float, 0, 1e11),
         help="Start launching at this time (seconds since the epoch), so processes start together.",
     )
     sm.add_argument(
         "--kernel-ms",
-        type=_positive_float,
+        type=_positive,
         default=20.0,
         help="Calibrate one kernel to take about this many milliseconds (default 20).",
     )
     sm.add_argument(
         "--iterations",
-        type=_iterations,
+        type=_in_range(int, 1, MAX_ITERATIONS),
         help="Use this kernel size instead of calibrating (the result's iterations of a run).",
     )
     sm.add_argument(
-        "--per-sync", type=_count, default=1, help="Synchronise after this many kernels."
+        "--per-sync",
+        type=_in_range(int, 1, 1 << 20),
+        default=1,
+        help="Synchronise after this many kernels.",
     )
     alloc = commands.add_parser("alloc", parents=[common], help="Allocate and touch device memory.")
     alloc.add_argument(
@@ -367,10 +361,10 @@ class CudaWorkload:
 def fake_probe(config: Path) -> Result:
     """The same shape as :func:`cuda_probe`, listing the fake node's GPUs."""
     from gpuslice_nvml.errors import NvmlError
-    from gpuslice_nvml.fake import FakeConfigError
+    from gpuslice_nvml.fake import FakeConfigError, FakeNvml
 
     try:
-        nvml = _fake_nvml(config)
+        nvml = FakeNvml.from_config_file(config)
         devices: list[Result] = [
             {
                 "ordinal": gpu.index,
@@ -385,12 +379,6 @@ def fake_probe(config: Path) -> Result:
     except (FakeConfigError, NvmlError, OSError) as exc:
         raise ContextError(f"fake NVML node {config}: {exc}") from exc
     return {"ok": True, "driver_version": version, "devices": devices}
-
-
-def _fake_nvml(config: Path) -> FakeNvml:
-    from gpuslice_nvml.fake import FakeNvml
-
-    return FakeNvml.from_config_file(config)
 
 
 def _register(
@@ -416,12 +404,12 @@ def _register(
 class FakeWorkload:
     def __init__(self, config: Path, device: int, command: str) -> None:
         from gpuslice_nvml.errors import NvmlError
-        from gpuslice_nvml.fake import FakeConfigError, FakeNvmlControl
+        from gpuslice_nvml.fake import FakeConfigError, FakeNvml, FakeNvmlControl
 
         self.device = device
         self.pid = os.getpid()
         try:
-            self.nvml = _fake_nvml(config)
+            self.nvml = FakeNvml.from_config_file(config)
             self.control = FakeNvmlControl.from_config_file(config)
             self.device_uuid = self.nvml.gpu(device).uuid
             _register(
