@@ -300,9 +300,10 @@ def test_stub_sm_calibrates_then_counts(stub_driver: dict[str, str]) -> None:
     assert lines[0]["device_uuid"] == "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"
     result = lines[-1]
     assert result["calibrated"] is True
-    assert 20_000 <= result["iterations"] <= 40_000  # 4 ms at 100 ns per iteration
-    assert 3 <= result["kernel_ms"] <= 8
-    assert 0 < result["kernels"] <= 0.6 / 0.004
+    assert 5_000 <= result["iterations"] <= 40_000  # 4 ms at 100 ns per iteration, or less
+    assert 2 <= result["kernel_ms"] <= 12
+    kernel_s = result["iterations"] * 100e-9  # the stub's kernel sleeps at least this long
+    assert 0 < result["kernels"] <= 0.6 / kernel_s
     assert len(result["windows"]) == 2 and sum(result["windows"]) > 0
 
     status, lines = run_stub(
