@@ -76,6 +76,8 @@ PROBE_TIMEOUT_S = 30.0
 EXTRA_NODES = ("/dev/null", "/dev/zero", "/dev/urandom")
 #: Empty tmpfs directories every container has.
 EXTRA_DIRS = ("/dev/shm",)
+#: Given a tmpfs of its own when a spec mounts something under it that the host lacks.
+RUN_DIR = "/run"
 #: The level written for a share given as bare edits (it only shows in ``_ENFORCEMENT``).
 BARE_EDITS_LEVEL = "hard"
 STDERR_TAIL = 2000
@@ -337,6 +339,12 @@ def _check(
     return res
 
 
+def _under_run(path: str) -> bool:
+    """Whether a missing mount target lies under /run (or /var/run, its usual link)."""
+    real = os.path.realpath(path)
+    return not Path(path).exists() and (real == RUN_DIR or real.startswith(RUN_DIR + "/"))
+
+
 def _isolation_refused() -> str | None:
     if os.geteuid() != 0:
         return "not root: a private mount namespace and a fresh /dev need CAP_SYS_ADMIN"
@@ -362,6 +370,15 @@ def _probe(
         "argv": list(probe_cmd),
         "env": {**res.process_env, **spec_env},
     }
+    # A mount target a container runtime would create (e.g. the MPS pipe directory under
+    # /var/run): the child gets its own tmpfs on /run, as a container has, and creates it there;
+    # the host's /run is not changed.
+    if (
+        any(_under_run(m.container_path) for m in edits.mounts)
+        and RUN_DIR not in plan["tmpfs_dirs"]
+    ):
+        plan["tmpfs_dirs"].append(RUN_DIR)
+        res.added_for_process.append(RUN_DIR)
     run = _run_isolated(plan, timeout_s)
     res.probe_exit = run.returncode
     res.probe_stderr = run.stderr[-STDERR_TAIL:]
@@ -486,10 +503,13 @@ def _isolate_and_exec(plan: dict[str, Any]) -> NoReturn:
         check(rc, f"mount {source} on {target}")
 
     def place(source_fd: int, target: str, flags: int = 0) -> None:
-        """Bind the source onto ``target``: created when under /dev, else it must exist (the
-        root file system is the host's, and is not changed)."""
+        """Bind the source onto ``target``: created when under /dev or a tmpfs of this
+        namespace, else it must exist (the root file system is the host's, and is not
+        changed)."""
         path = Path(target)
-        if path.parts[1:2] == ("dev",) and not path.exists():
+        real = os.path.realpath(target)
+        ours = ["/dev", *plan["tmpfs_dirs"]]
+        if not path.exists() and any(real == d or real.startswith(d + "/") for d in ours):
             path.parent.mkdir(parents=True, exist_ok=True)
             if stat.S_ISDIR(os.fstat(source_fd).st_mode):
                 path.mkdir()

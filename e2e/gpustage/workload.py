@@ -389,8 +389,9 @@ def _register(
     accounting: str,
     mps_pipe_dir: str | None,
 ) -> None:
-    """Register this process on the fake GPU, as making a CUDA context does on a real one."""
-    # mps_pipe_dir: passed once main's FakeNvmlControl takes it
+    """Register this process on the fake GPU, as making a CUDA context does on a real one: an
+    MPS client where a daemon serving the GPU answers at ``mps_pipe_dir``, else a context of
+    its own, which the GPU's compute mode may refuse (``NvmlInUse``)."""
     control.add_process(
         os.getpid(),
         device,
@@ -398,6 +399,7 @@ def _register(
         sm_percent=sm_percent,
         real=True,
         accounting=accounting,
+        mps_pipe_dir=mps_pipe_dir,
     )
 
 

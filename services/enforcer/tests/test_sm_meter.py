@@ -44,3 +44,12 @@ def test_a_long_gap_is_capped_and_gone_processes_are_forgotten() -> None:
     assert busy[1] == 50 * SmMeter.MAX_SPAN_US / S
     meter.retain(0, {1})
     assert meter.rate(0, 2) == 0.0 and meter.rate(0, 1) == 50
+
+
+def test_a_new_process_is_charged_at_most_one_period_for_its_first_sample() -> None:
+    """The GPU's previous sample may be seconds old (nothing ran); a process that just started
+    must not be charged for that whole gap."""
+    meter = SmMeter()
+    meter.add(0, [sample(1, 0.0, 50)], None, 0.1)
+    busy = meter.add(0, [sample(2, 5.0, 100)], 0, 0.1)
+    assert abs(busy[2] - 100 * 0.1) < 1e-9

@@ -123,10 +123,14 @@ class SmMeter:
         and the timestamps, and charges nothing."""
         busy: dict[int, float] = {}
         spans: dict[int, float] = {}
+        period_us = int(period_s * 1e6)
         for s in sorted(samples, key=lambda s: s.timestamp_us):
             key = (gpu, s.pid)
-            start = self._last.get(key, previous_ts or s.timestamp_us - int(period_s * 1e6))
-            span_us = min(max(s.timestamp_us - start, 0), self.MAX_SPAN_US)
+            if key in self._last:
+                span_us = s.timestamp_us - self._last[key]
+            else:  # a process's first sample: at most one period (it may have just started)
+                span_us = min(s.timestamp_us - (previous_ts or 0), period_us)
+            span_us = min(max(span_us, 0), self.MAX_SPAN_US)
             self._last[key] = max(s.timestamp_us, self._last.get(key, 0))
             busy[s.pid] = busy.get(s.pid, 0.0) + s.sm_percent * span_us / 1e6
             spans[s.pid] = spans.get(s.pid, 0.0) + span_us / 1e6
