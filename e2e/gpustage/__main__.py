@@ -59,6 +59,12 @@ def build_parser() -> EnvArgumentParser:
         help=f"Run only these sections (of {', '.join(SECTIONS)}).",
     )
     p.add_flag(
+        "--keep-logs",
+        env="GPU_STAGE_KEEP_LOGS",
+        default="",
+        help="Write the enforcer's and the workloads' logs to this .tar.gz (default: not kept).",
+    )
+    p.add_flag(
         "--workload",
         env="GPU_STAGE_WORKLOAD",
         default=WORKLOAD_MODULE,
@@ -79,6 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         seconds=seconds,
         only=tuple(args.only),
         workload_module=args.workload,
+        logs_archive=Path(args.keep_logs) if args.keep_logs else None,
     )
 
     def stop(signum: int, _frame: FrameType | None) -> None:

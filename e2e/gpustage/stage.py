@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import tarfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -57,14 +58,29 @@ class Options:
     seconds: float
     only: tuple[str, ...]
     workload_module: str = WORKLOAD_MODULE
+    #: Where to keep the enforcer's and the workloads' logs (a .tar.gz); None: not kept.
+    logs_archive: Path | None = None
 
     def wants(self, *sections: str) -> bool:
         return any(s in self.only for s in sections)
 
     def to_json(self) -> dict[str, object]:
         flags = asdict(self)
-        flags.update(fake_config=str(self.fake_config or ""), json_path=str(self.json_path))
+        flags.update(
+            fake_config=str(self.fake_config or ""),
+            json_path=str(self.json_path),
+            logs_archive=str(self.logs_archive or ""),
+        )
         return flags
+
+
+def keep_logs(workdir: Path, archive: Path) -> None:
+    """Every log the stage's processes wrote under ``workdir``, in one .tar.gz."""
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archive, "w:gz") as tar:
+        for path in sorted(workdir.rglob("*")):
+            if path.is_file() and path.suffix in (".log", ".out", ".err"):
+                tar.add(path, arcname=str(path.relative_to(workdir)))
 
 
 class Stage:
@@ -74,6 +90,8 @@ class Stage:
         self.settings_seen: dict[str, dict[str, object]] = {}
         self.workdir = short_tempdir("gs-stage-")
         stack.callback(remove_tree, self.workdir)
+        if opts.logs_archive is not None:  # runs before the removal (last in, first out)
+            stack.callback(keep_logs, self.workdir, opts.logs_archive)
         self.fake_config = opts.fake_config
         if opts.nvml == "fake" and self.fake_config is None:
             self.fake_config = checks.write_fake_node(self.workdir / "node")
