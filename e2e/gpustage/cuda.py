@@ -353,7 +353,8 @@ $L_done:
 \tret;
 }}
 """
-BLOCKS_PER_SM = 4
+#: The spin kernel's grid: the same work per kernel whatever share of the SMs a context gets.
+GRID_BLOCKS = 1024
 THREADS_PER_BLOCK = 256
 MAX_ITERATIONS = 2**32 - 1
 
@@ -361,13 +362,16 @@ MAX_ITERATIONS = 2**32 - 1
 class SpinKernel:
     """The spin kernel loaded into the current context, with the buffer it writes.
 
-    The grid is multiprocessors x 4 blocks of 256 threads: enough warps on every SM to keep
-    its FMA pipes issuing each cycle.
+    The grid is a fixed :data:`GRID_BLOCKS` blocks of 256 threads, not sized from the SM count
+    the context reports: under MPS that count is the client's share of the SMs (40 of 132 at
+    30 % on an H100), and a grid sized from it does less work per kernel, so every share ran at
+    "100 %" on the first GPU run. 1,024 blocks fill an H100 in one wave (8 resident per SM)
+    and keep every SM's FMA pipes busy on any GPU the stage targets.
     """
 
     def __init__(self, cuda: CudaDriver, device: Device) -> None:
         self._cuda = cuda
-        self.grid = cuda.attribute(device, MULTIPROCESSOR_COUNT) * BLOCKS_PER_SM
+        self.grid = GRID_BLOCKS
         self.block = THREADS_PER_BLOCK
         self._function = cuda.function(cuda.load_module(SPIN_PTX), SPIN_KERNEL)
         self._out = cuda.mem_alloc(self.grid * self.block * 4)

@@ -215,7 +215,7 @@ int cuModuleGetFunction(void **f, void *m, const char *name) {
 }
 int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                    unsigned bz, unsigned shared, void *stream, void **params, void **extra) {
-    if (f != (void *)3 || gx != 8 || gy != 1 || gz != 1 || bx != 256 || by != 1 || bz != 1
+    if (f != (void *)3 || gx != 1024 || gy != 1 || gz != 1 || bx != 256 || by != 1 || bz != 1
         || shared || stream || extra || !params) return 1;
     if (*(uint64_t *)params[1] != 0x100000) return 700;  /* the first allocation */
     uint64_t ns = *(uint32_t *)params[0] * 100ull;

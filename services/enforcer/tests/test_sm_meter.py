@@ -9,7 +9,9 @@ S = 1_000_000  # microseconds
 
 
 def sample(pid: int, at_s: float, sm: int) -> ProcessUtilization:
-    return ProcessUtilization(pid=pid, timestamp_us=int(at_s * S), sm_percent=sm, memory_percent=0)
+    return ProcessUtilization(
+        pid=pid, timestamp_us=round(at_s * S), sm_percent=sm, memory_percent=0
+    )
 
 
 def test_a_driver_cadence_slower_than_the_watchdog_loses_nothing() -> None:
@@ -32,24 +34,35 @@ def test_a_driver_cadence_slower_than_the_watchdog_loses_nothing() -> None:
 def test_samples_of_one_read_are_weighted_by_their_spans() -> None:
     meter = SmMeter()
     meter.add(0, [sample(1, 0.0, 0)], None, 0.1)
-    busy = meter.add(0, [sample(1, 0.2, 100), sample(1, 0.3, 0)], 0, 0.1)
-    assert abs(busy[1] - 20.0) < 1e-9  # 100 % for 0.2 s, 0 % for 0.1 s
-    assert abs(meter.rate(0, 1) - 100 * 0.2 / 0.3) < 1e-9
+    busy = meter.add(0, [sample(1, 0.2, 100), sample(1, 0.4, 50)], 0, 0.1)
+    assert abs(busy[1] - (100 * 0.2 + 50 * 0.2)) < 1e-9
+    assert abs(meter.rate(0, 1) - 75) < 1e-9
 
 
-def test_a_long_gap_is_capped_and_gone_processes_are_forgotten() -> None:
+def steady(meter: SmMeter, until_s: float, pid: int = 1, sm: int = 99) -> int:
+    """Process ``pid`` sampled every 0.2 s from 0 to ``until_s`` (the driver's cadence)."""
+    meter.add(0, [sample(pid, 0.0, sm)], None, 0.1)
+    last, t = 0, 0.2
+    while t <= until_s + 1e-9:
+        meter.add(0, [sample(pid, t, sm)], last, 0.1)
+        last, t = round(t * S), t + 0.2
+    return last
+
+
+def test_a_process_is_charged_one_driver_interval_at_most_per_sample() -> None:
+    """Resuming after 3 s frozen (no samples meanwhile), a process is charged for the interval
+    its sample covers, not for the gap; a new process likewise for its first sample."""
     meter = SmMeter()
-    meter.add(0, [sample(1, 0.0, 50), sample(2, 0.0, 50)], None, 0.1)
-    busy = meter.add(0, [sample(1, 10.0, 50)], 0, 0.1)
-    assert busy[1] == 50 * SmMeter.MAX_SPAN_US / S
+    last = steady(meter, 2.0)  # learns the 200 ms cadence
+    assert meter.interval_us(0, 100_000) == 200_000
+    busy = meter.add(0, [sample(1, 5.0, 99), sample(2, 5.0, 80)], last, 0.1)
+    cap = 0.2 * SmMeter.JITTER
+    assert abs(busy[1] - 99 * cap) < 1e-6
+    assert abs(busy[2] - 80 * cap) < 1e-6
+
+
+def test_the_first_read_charges_nothing_and_gone_processes_are_forgotten() -> None:
+    meter = SmMeter()
+    assert meter.add(0, [sample(1, 1.0, 50), sample(2, 1.0, 50)], None, 0.1) == {}
     meter.retain(0, {1})
     assert meter.rate(0, 2) == 0.0 and meter.rate(0, 1) == 50
-
-
-def test_a_new_process_is_charged_at_most_one_period_for_its_first_sample() -> None:
-    """The GPU's previous sample may be seconds old (nothing ran); a process that just started
-    must not be charged for that whole gap."""
-    meter = SmMeter()
-    meter.add(0, [sample(1, 0.0, 50)], None, 0.1)
-    busy = meter.add(0, [sample(2, 5.0, 100)], 0, 0.1)
-    assert abs(busy[2] - 100 * 0.1) < 1e-9

@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
 import select
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,6 +78,10 @@ class _Runtime:
     targets: set[Path] = field(default_factory=set)
     frozen: bool = False
     last_report: dict[tuple[int, str], float] = field(default_factory=dict)
+    #: (pid, start time) of the share's processes seen bypassing MPS, and whether this sample
+    #: found one it had not seen before (frozen at once, before its first SM sample).
+    bypassers: set[tuple[int, int]] = field(default_factory=set)
+    new_bypasser: bool = False
 
 
 @dataclass
@@ -95,21 +101,37 @@ class _Owned:
 class SmMeter:
     """SM use per process from NVML's utilization samples, weighted by the time each covers.
 
-    A real driver samples per-process utilization on its own cadence, not the watchdog's: some
-    periods bring no sample and others one that covers more than a period. Taking a missing
-    sample as 0 % and every sample as one period (as averaging per call does) undercounts a
-    busy process by the share of empty periods, and the credit bucket then lets it run far above
-    its limit. Each sample's ``smUtil`` is its average since the process's previous sample, so
-    it accounts for ``sm x (timestamp - previous timestamp)`` percent-seconds: every
-    percent-second is counted once, in the period its sample arrives.
+    A real driver samples per-process utilization on its own cadence (every 200 ms on an H100
+    with driver 580), not the watchdog's, and each sample's ``smUtil`` is the process's average
+    over that one interval; a process that was idle (or frozen) has no sample for it. So some
+    watchdog periods bring no sample and others one that covers two periods. Taking a missing
+    sample as 0 % and every sample as one period (averaging per call, as before) undercounted a
+    busy process, and a 30 % share ran at ~70 %; taking a sample as covering everything since
+    the process's previous one overcharged a process resuming after a freeze for its whole idle
+    gap (17 s of SM in one period), starving it.
+
+    A sample therefore accounts ``sm x span`` percent-seconds, in the period it arrives, where
+    the span is the time since the process's previous sample, at most the driver's interval:
+    learned per GPU as the shortest gap between its distinct sample timestamps (at least the
+    watchdog's period; x 1.5 for jitter).
     """
 
-    #: The longest time one sample is taken to cover (the first one of a process, a gap).
+    #: The longest time one sample is taken to cover whatever is learned.
     MAX_SPAN_US = 2_000_000
+    #: Distinct sample timestamps kept per GPU to learn the driver's interval from.
+    TICKS = 64
+    JITTER = 1.5
 
     def __init__(self) -> None:
         self._last: dict[tuple[int, int], int] = {}  # (gpu, pid) -> timestamp of its last sample
         self._rate: dict[tuple[int, int], float] = {}  # (gpu, pid) -> percent, latest samples
+        self._ticks: dict[int, deque[int]] = {}  # gpu -> its recent distinct sample timestamps
+
+    def interval_us(self, gpu: int, period_us: int) -> int:
+        """The driver's sampling interval on ``gpu`` as seen so far (at least ``period_us``)."""
+        ticks = list(self._ticks.get(gpu, ()))
+        gaps = [b - a for a, b in itertools.pairwise(ticks) if b > a]
+        return max(period_us, min(gaps, default=period_us))
 
     def add(
         self,
@@ -121,16 +143,17 @@ class SmMeter:
         """Account a call's samples; percent-seconds per pid. The first call on a GPU
         (``previous_ts`` None) may return the driver's whole sample buffer: it sets the rates
         and the timestamps, and charges nothing."""
+        ticks = self._ticks.setdefault(gpu, deque(maxlen=self.TICKS))
+        for ts in sorted({s.timestamp_us for s in samples}):
+            if not ticks or ts > ticks[-1]:
+                ticks.append(ts)
+        cap = min(int(self.interval_us(gpu, int(period_s * 1e6)) * self.JITTER), self.MAX_SPAN_US)
         busy: dict[int, float] = {}
         spans: dict[int, float] = {}
-        period_us = int(period_s * 1e6)
         for s in sorted(samples, key=lambda s: s.timestamp_us):
             key = (gpu, s.pid)
-            if key in self._last:
-                span_us = s.timestamp_us - self._last[key]
-            else:  # a process's first sample: at most one period (it may have just started)
-                span_us = min(s.timestamp_us - (previous_ts or 0), period_us)
-            span_us = min(max(span_us, 0), self.MAX_SPAN_US)
+            start = self._last.get(key, previous_ts or 0)
+            span_us = min(max(s.timestamp_us - start, 0), cap)
             self._last[key] = max(s.timestamp_us, self._last.get(key, 0))
             busy[s.pid] = busy.get(s.pid, 0.0) + s.sm_percent * span_us / 1e6
             spans[s.pid] = spans.get(s.pid, 0.0) + span_us / 1e6
@@ -450,6 +473,9 @@ class Watchdog:
         if share.memory_mechanism is Mechanism.NONE and share.cores_mechanism is Mechanism.NONE:
             return ""
         bypassing = sorted(item.info.pid for item in mine if item.bypass)
+        seen = {(item.info.pid, item.start) for item in mine if item.bypass}
+        runtime.new_bypasser = bool(seen - runtime.bypassers)
+        runtime.bypassers = seen
         if bypassing:
             why = (
                 f"pid {', '.join(map(str, bypassing))} of share {share.share_id} "
@@ -579,6 +605,10 @@ class Watchdog:
             bucket = runtime.buckets[gpu] = Bucket(share.cores_percent, self.config.burst_s)
         if unenforced:
             bucket.credit = min(bucket.credit, 0.0)  # no burst for what escaped its mechanism
+        if unenforced and runtime.new_bypasser:
+            # A process that just escaped MPS is frozen now, not once the driver's first sample
+            # of it arrives (one to two periods later): two periods' worth of debt.
+            bucket.credit = -2.0 * share.cores_percent * self.config.sample_interval_s
         was = bucket.frozen
         over = bucket.step(used, dt, others_percent=others, work_conserving=share.work_conserving)
         throttle = self.config.sm_action == "throttle" and (

@@ -16,6 +16,7 @@ Three kinds of fake process (``ProcessState``):
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -120,14 +121,31 @@ def accounting(process: ProcessState, now_ns: int, what: str) -> SmAccounting:
 
 
 class UtilizationWindows:
-    """Per-reader memory of the last sample of each process, so that a sample reports the SM
-    use since the previous one (as NVML averages since ``lastSeenTimeStamp``)."""
+    """Per-reader memory of each process's runnable time, so that a sample reports the SM use
+    over the window NVML averages: since the reader's previous sample of the process (NVML's
+    ``lastSeenTimeStamp``; the default), or, with a driver sampling period, over the last
+    period only, as a real driver does (a process idle for a while is not charged for the gap).
+    """
+
+    #: Points kept per process: enough to look one driver period back at any poll rate used.
+    HISTORY = 64
 
     def __init__(self, wall_clock_ns: Callable[[], int] = time.time_ns) -> None:
         self._clock = wall_clock_ns
         self._seen: dict[tuple[int, int], tuple[int, int]] = {}
+        self._history: dict[tuple[int, int], deque[tuple[int, int]]] = {}
 
-    def sm_percent(self, process: ProcessState) -> int:
+    def observe(self, process: ProcessState) -> None:
+        """Note where a real process stands now (called on every poll, sample or not)."""
+        if not process.real or process.accounting != "runnable":
+            return
+        runnable = procfs.runnable_ns(process.pid)
+        if runnable is not None:
+            key = (process.gpu, process.pid)
+            points = self._history.setdefault(key, deque(maxlen=self.HISTORY))
+            points.append((self._clock(), runnable))
+
+    def sm_percent(self, process: ProcessState, period_ns: int = 0) -> int:
         if not process.real:
             return process.sm_percent
         if process.accounting == "constant":
@@ -140,6 +158,10 @@ class UtilizationWindows:
         prev = self._seen.get(key)
         if prev is None and process.started_ns is not None and process.runnable_start_ns:
             prev = (process.started_ns, process.runnable_start_ns)
+        if period_ns:
+            older = [p for p in self._history.get(key, ()) if p[0] <= now - period_ns]
+            if older and (prev is None or older[-1][0] > prev[0]):
+                prev = older[-1]
         self._seen[key] = (now, runnable)
         if prev is None or now <= prev[0]:
             return 0 if procfs.frozen(process.pid) else process.sm_percent
@@ -150,3 +172,6 @@ class UtilizationWindows:
         for key in list(self._seen):
             if key not in alive:
                 del self._seen[key]
+        for key in list(self._history):
+            if key not in alive:
+                del self._history[key]

@@ -269,17 +269,22 @@ class FakeNvml(Nvml):
             raise e.nvml_error(e.ERROR_NOT_SUPPORTED, what, "not available in MIG mode")
         now_us = int(self._wall_clock() * 1_000_000)
         period_us = self.node.config.utilization_sample_ms * 1000
-        if period_us:  # the driver's last sample, not "now": nothing new between its samples
-            now_us -= now_us % period_us
-        if now_us <= since_us:
-            return []
         procs = [  # MPS clients have no samples of their own: their server's context runs them
             p
             for p in live_processes(state)
             if p.gpu == gpu and not p.mps_client and (p.sm_percent or p.memory_percent)
         ]
+        if period_us:  # the driver's last sample, not "now": nothing new between its samples
+            self._windows.forget_except({(p.gpu, p.pid) for p in live_processes(state)})
+            for p in procs:
+                self._windows.observe(p)
+            now_us -= now_us % period_us
+        if now_us <= since_us:
+            return []
         return [
-            ProcessUtilization(p.pid, now_us, self._windows.sm_percent(p), p.memory_percent)
+            ProcessUtilization(
+                p.pid, now_us, self._windows.sm_percent(p, period_us * 1000), p.memory_percent
+            )
             for p in procs
         ]
 
