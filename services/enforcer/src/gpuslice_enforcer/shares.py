@@ -47,6 +47,9 @@ from gpuslice_nvml import MEMORY_LIMIT_MAX, ComputeMode, Nvml, NvmlError
 log = get_logger(__name__)
 
 MIB = 1 << 20
+#: Longest claim UID, share ID and container ID an attach may name; most cgroup lines, and the
+#: longest (so that no error message grows with what a client sent).
+MAX_ID, MAX_CGROUP_LINES, MAX_CGROUP_LINE = 256, 64, 4096
 
 
 @dataclass(frozen=True)
@@ -412,11 +415,7 @@ class ShareManager:
 
     # -- containers -----------------------------------------------------------------------
     def attach(self, req: AttachRequest) -> AttachResult:
-        if not req.claim_uid or not req.container_id or req.pid <= 0:
-            raise InvalidArgumentError(
-                f"claim_uid, container_id and pid are required (got {req.claim_uid!r}, "
-                f"{req.container_id!r}, {req.pid})"
-            )
+        _validate_attach(req)
         with self._lock, self.store.transaction() as state:
             share = state.shares.get(req.claim_uid)
             if share is None:
@@ -428,7 +427,7 @@ class ShareManager:
                 )
             if start_time(req.pid) is None and not req.cgroup_lines:
                 raise NotFoundError(f"pid: no process {req.pid} (the container is gone)")
-            groups = (
+            groups = self.cgroups.resolve(
                 self.cgroups.parse(req.cgroup_lines)
                 if req.cgroup_lines
                 else self.cgroups.require_of_pid(req.pid)
@@ -551,6 +550,24 @@ class ShareManager:
             for daemon in list(state.daemons.values()):
                 self.mps.stop(daemon)
             state.daemons.clear()
+
+
+def _validate_attach(req: AttachRequest) -> None:
+    for name in ("claim_uid", "share_id", "container_id"):
+        value: str = getattr(req, name)
+        if len(value) > MAX_ID:
+            raise InvalidArgumentError(f"{name}: {len(value)} characters; at most {MAX_ID}")
+    longest = max((len(line) for line in req.cgroup_lines), default=0)
+    if len(req.cgroup_lines) > MAX_CGROUP_LINES or longest > MAX_CGROUP_LINE:
+        raise InvalidArgumentError(
+            f"cgroup_lines: {len(req.cgroup_lines)} lines of up to {longest} characters; at "
+            f"most {MAX_CGROUP_LINES} lines of {MAX_CGROUP_LINE}"
+        )
+    if not req.claim_uid or not req.container_id or req.pid <= 0:
+        raise InvalidArgumentError(
+            f"claim_uid, container_id and pid are required (got {req.claim_uid!r}, "
+            f"{req.container_id!r}, {req.pid})"
+        )
 
 
 def _validate(req: ShareRequest) -> None:
