@@ -149,6 +149,25 @@ def test_cgroup_lines_that_climb_out_or_do_not_exist_are_refused(
     assert share is not None and share.containers["x"].v2_dir == str(cgroup_root / "pod/ctr")
 
 
+def test_containers_that_are_gone_are_forgotten(
+    node: Path, tmp_path: Path, cgroup_root: Path
+) -> None:
+    m = hooked(node, tmp_path, cgroup_root)
+    for index in range(50):  # containers come and go; no poststop hook detaches them
+        (cgroup_root / f"c{index}").mkdir()
+        attach(m, f"c{index}", f"0::/c{index}")
+        (cgroup_root / f"c{index}").rmdir()
+    assert containers(m) == ["c49"]  # attach forgets its share's gone containers (was 50)
+    (cgroup_root / "live").mkdir()
+    attach(m, "live", "0::/live")
+    assert containers(m) == ["live"]
+    assert m.prune() == 0
+    (cgroup_root / "live").rmdir()
+    assert m.prune() == 1  # the supervisor's periodic sweep
+    assert containers(m) == []
+    assert m.store.load().state.shares["c1"].containers == {}
+
+
 def test_attach_refuses_oversized_fields_with_a_short_message(node: Path, tmp_path: Path) -> None:
     m = manager(node, tmp_path)
     m.create(request(node, mode=Mode.SOFT))

@@ -11,6 +11,7 @@ interrupts a workload.
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import structlog
@@ -35,6 +36,8 @@ from gpuslice_protos.gpuslice.v1 import enforcer_pb2_grpc as pb_grpc
 log = get_logger(__name__)
 
 SUPERVISE_INTERVAL_S = 1.0
+#: How often containers that are gone without a poststop hook are forgotten.
+PRUNE_INTERVAL_S = 5.0
 
 
 def checkpoint_store(state_dir: Path, boot_id: str | None = None) -> CheckpointStore[EnforcerState]:
@@ -117,11 +120,18 @@ class Enforcer:
 
     def _supervise(self) -> None:
         structlog.contextvars.bind_contextvars(thread="mps-supervisor")
+        next_prune = time.monotonic() + PRUNE_INTERVAL_S
         while not self._stop.wait(SUPERVISE_INTERVAL_S):
             try:
                 self.shares.supervise()
             except Exception:
                 log.exception("mps supervision failed")
+            if time.monotonic() >= next_prune:
+                next_prune = time.monotonic() + PRUNE_INTERVAL_S
+                try:
+                    self.shares.prune()
+                except Exception:
+                    log.exception("pruning gone containers failed")
 
     def stop(self, grace: float = 5.0) -> None:
         self.server.stop(grace)

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from gpuslice_core.cdi import ContainerEdits
 from gpuslice_core.checkpoint import CheckpointStore
@@ -305,13 +306,16 @@ class ShareManager:
 
     def _clear_limits(self, share: ShareRecord) -> None:
         for container in share.containers.values():
-            for gpu in container.partitioned_gpus:
-                if container.v2_dir is None:
-                    continue
-                try:
-                    self.nvml.set_memory_limits(gpu, container.v2_dir, 0, MEMORY_LIMIT_MAX)
-                except NvmlError as exc:  # gone with its cgroup, most likely
-                    log.debug("memory limit not cleared", cgroup=container.v2_dir, error=str(exc))
+            self._clear_container_limits(container)
+
+    def _clear_container_limits(self, container: ContainerRecord) -> None:
+        for gpu in container.partitioned_gpus:
+            if container.v2_dir is None:
+                continue
+            try:
+                self.nvml.set_memory_limits(gpu, container.v2_dir, 0, MEMORY_LIMIT_MAX)
+            except NvmlError as exc:  # gone with its cgroup, most likely
+                log.debug("memory limit not cleared", cgroup=container.v2_dir, error=str(exc))
 
     def _teardown_mps(self, state: EnforcerState, share: ShareRecord) -> None:
         uuid = share.device_uuids[0]
@@ -432,6 +436,7 @@ class ShareManager:
                 if req.cgroup_lines
                 else self.cgroups.require_of_pid(req.pid)
             )
+            pruned = self._prune(share, keep=req.container_id)
             existing = share.containers.get(req.container_id)
             record = ContainerRecord(
                 container_id=req.container_id,
@@ -447,6 +452,7 @@ class ShareManager:
             share.containers[req.container_id] = record
             self._publish(state)
         paths = [p for p in (record.v2_dir, record.freezer_dir) if p]
+        _log_pruned(share.claim_uid, pruned)
         log.info(
             "container attached",
             claim_uid=share.claim_uid,
@@ -476,6 +482,26 @@ class ShareManager:
                 )
             done.append(gpu)
         return done
+
+    def prune(self) -> int:
+        """Forget every container that is gone without a poststop hook to detach it (called
+        periodically; attach does it for its share); how many were forgotten."""
+        _, shares = self.snapshot()
+        if not any(_gone(c) for s in shares for c in s.containers.values()):
+            return 0
+        with self._lock, self.store.transaction() as state:
+            pruned = {s.claim_uid: self._prune(s) for s in state.shares.values()}
+            self._publish(state)
+        for claim_uid, ids in pruned.items():
+            _log_pruned(claim_uid, ids)
+        return sum(len(ids) for ids in pruned.values())
+
+    def _prune(self, share: ShareRecord, keep: str = "") -> list[str]:
+        gone = [c for c in share.containers.values() if c.container_id != keep and _gone(c)]
+        for container in gone:
+            self._clear_container_limits(container)
+            del share.containers[container.container_id]
+        return [c.container_id for c in gone]
 
     def detach(self, claim_uid: str, container_id: str) -> bool:
         with self._lock, self.store.transaction() as state:
@@ -550,6 +576,24 @@ class ShareManager:
             for daemon in list(state.daemons.values()):
                 self.mps.stop(daemon)
             state.daemons.clear()
+
+
+def _gone(container: ContainerRecord) -> bool:
+    """Whether a container's cgroups are all removed (with none recorded: its process is)."""
+    dirs = [d for d in (container.v2_dir, container.freezer_dir) if d]
+    if dirs:
+        return not any(Path(d).is_dir() for d in dirs)
+    return start_time(container.pid) is None
+
+
+def _log_pruned(claim_uid: str, container_ids: list[str]) -> None:
+    if container_ids:
+        log.info(
+            "gone containers forgotten",
+            claim_uid=claim_uid,
+            count=len(container_ids),
+            containers=container_ids[:10],
+        )
 
 
 def _validate_attach(req: AttachRequest) -> None:
