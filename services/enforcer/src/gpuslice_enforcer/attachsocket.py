@@ -188,7 +188,10 @@ class AttachSocketServer:
         with contextlib.suppress(OSError):
             self._wake_w.send(b"x")
         if self._thread is not None:
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=5)  # the loop closes the listener and what it holds
+        else:  # never started (start refused the path): nothing else to close
+            self._selector.close()
+            self._wake_r.close()
         self._pool.shutdown(wait=True)
         try:
             ours = self.path.lstat().st_ino == self._inode

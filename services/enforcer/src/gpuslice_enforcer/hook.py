@@ -8,7 +8,8 @@ cgroups exist and before its process runs the workload:
         --claim-uid <uid> --share-id <id> --timeout 10
 
 It reads ``/proc/<pid>/cgroup`` and asks the enforcer to attach the container (waiting up to
-``--timeout`` seconds if the enforcer is restarting); it exits 0 only once the enforcer says
+``--timeout`` seconds, for the whole call, if the enforcer is restarting or its backlog is
+full); it exits 0 only once the enforcer says
 every limit is in force. Any failure exits non-zero with the reason on stderr, which makes the
 runtime fail the container instead of starting it unenforced. ``detach`` (the ``poststop`` hook)
 forgets the container; its failures only matter for bookkeeping.
