@@ -325,15 +325,17 @@ def hostile(trials: int, containers: int) -> None:
             workload.stop()
             times = []
             for index in range(containers):
-                dirs = groups.container()
-                own = [f"{'7:freezer' if 'freezer' in str(d) else '0:'}:/{d.name}" for d in dirs]
-                message = hook.attach_message("bench-hostile", "", f"ctr-{index}", os.getpid(), own)
-                start = time.perf_counter()
-                hook.call(str(proc.socket), hook.METHOD_ATTACH, message, time.monotonic() + 30)
-                times.append(time.perf_counter() - start)
-                for directory in dirs:  # the container is gone; its poststop hook never ran
-                    directory.rmdir()
-                groups.made.clear()
+                with Cgroups() as gone:  # removed at once: no poststop hook ever runs
+                    dirs = gone.container()
+                    own = [
+                        f"{'7:freezer' if 'freezer' in str(d) else '0:'}:/{d.name}" for d in dirs
+                    ]
+                    message = hook.attach_message(
+                        "bench-hostile", "", f"ctr-{index}", os.getpid(), own
+                    )
+                    start = time.perf_counter()
+                    hook.call(str(proc.socket), hook.METHOD_ATTACH, message, time.monotonic() + 30)
+                    times.append(time.perf_counter() - start)
             for first in (0, containers // 2, containers - 50):
                 window = sorted(times[first : first + 50])
                 print(
