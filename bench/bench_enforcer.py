@@ -10,6 +10,10 @@ asserts nothing. Needs root (cgroups).
    3b. the hook alone, as the chart installs it, as a console script, and through gRPC.
 4. SM throttling accuracy: achieved SM share (from the fake's runnable-time accounting) for
    several limits against a process that wants 90%.
+5. Hostile clients: a valid hook's latency with N stuck clients on the attach socket, the
+   attach time as containers come and go (their cgroups removed, no poststop hook), the
+   enforcer's CPU and log rate while out of file descriptors, and GetCapabilities beside open
+   WatchViolations streams.
 
 The fake NVML reads one JSON state file per call, so the absolute sampling cost is the fake's;
 per-process cost (cgroup lookup, mapping, accounting) and the reaction/accuracy figures carry
@@ -21,6 +25,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
+import socket
 import statistics
 import subprocess
 import sys
@@ -28,6 +34,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import grpc
+
+from gpuslice_enforcer import hook
 from gpuslice_enforcer.testing import (
     Cgroups,
     EnforcerProcess,
@@ -278,12 +287,120 @@ def accuracy(seconds: float) -> None:
         proc.stop()
 
 
+def stuck_client(path: Path) -> socket.socket:
+    """A client that announces a 100-byte request, sends 2 bytes of it and holds."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(str(path))
+    conn.sendall(hook.MAGIC + bytes([hook.METHOD_ATTACH]) + (100).to_bytes(4, "big") + b"\n\x02")
+    return conn
+
+
+def hostile(trials: int, containers: int) -> None:
+    print("\n5. hostile clients: a hook beside N stuck clients; attach as containers come and go")
+    config = node("570.158.01")
+    proc = EnforcerProcess(config, config.parent, ["--mps=off", "--log-level=warning"]).start()
+    uuid = FakeNvml.from_config_file(config).gpu(0).uuid
+    attach_socket = proc.socket.with_name(proc.socket.name + ".attach")
+    try:
+        with proc.channel() as channel, Cgroups() as groups:
+            reply = proc.stub(channel).CreateShare(share_request("bench-hostile", uuid))
+            args = list(hook_of(reply).args)
+            workload = Workload(config, cgroup_dirs=groups.container())
+            for stuck in (0, 8, 50):
+                held = [stuck_client(attach_socket) for _ in range(stuck)]
+                times = []
+                for trial in range(trials if stuck == 0 else 1):
+                    state = json.dumps({"id": f"ctr-{stuck}-{trial}", "pid": workload.pid})
+                    start = time.perf_counter()
+                    ran = subprocess.run(args, input=state.encode(), capture_output=True)
+                    times.append(time.perf_counter() - start)
+                for conn in held:
+                    conn.close()
+                outcome = "ok" if ran.returncode == 0 else ran.stderr.decode().strip()[-80:]
+                print(
+                    f"   {stuck:3d} stuck clients: hook {statistics.median(times) * 1e3:7.1f} ms"
+                    f" ({outcome})"
+                )
+                time.sleep(0.2 if stuck == 0 else 11)  # let the enforcer drop them
+            workload.stop()
+            times = []
+            for index in range(containers):
+                with Cgroups() as gone:  # removed at once: no poststop hook ever runs
+                    dirs = gone.container()
+                    own = [
+                        f"{'7:freezer' if 'freezer' in str(d) else '0:'}:/{d.name}" for d in dirs
+                    ]
+                    message = hook.attach_message(
+                        "bench-hostile", "", f"ctr-{index}", os.getpid(), own
+                    )
+                    start = time.perf_counter()
+                    hook.call(str(proc.socket), hook.METHOD_ATTACH, message, time.monotonic() + 30)
+                    times.append(time.perf_counter() - start)
+            for first in (0, containers // 2, containers - 50):
+                window = sorted(times[first : first + 50])
+                print(
+                    f"   attach, containers {first + 1:4d}..{first + 50:4d}: median "
+                    f"{statistics.median(window) * 1e3:5.1f} ms, max {window[-1] * 1e3:5.1f} ms"
+                )
+    finally:
+        proc.stop()
+    hostile_limits()
+
+
+def hostile_limits() -> None:
+    """Out of file descriptors (no share: the log is the accept loop's); open streams."""
+    config = node("570.158.01")
+    proc = EnforcerProcess(config, config.parent, ["--mps=off", "--log-level=info"]).start()
+    attach_socket = proc.socket.with_name(proc.socket.name + ".attach")
+    try:
+        soft, hard = resource.prlimit(proc.pid, resource.RLIMIT_NOFILE)
+        used = sum(1 for _ in Path(f"/proc/{proc.pid}/fd").iterdir())
+        resource.prlimit(proc.pid, resource.RLIMIT_NOFILE, (used + 8, hard))
+        clients = [stuck_client(attach_socket) for _ in range(40)]
+        time.sleep(1.0)
+        cpu, logged = cpu_seconds(proc.pid), proc.log.stat().st_size
+        time.sleep(3.0)
+        cpu, logged = cpu_seconds(proc.pid) - cpu, proc.log.stat().st_size - logged
+        resource.prlimit(proc.pid, resource.RLIMIT_NOFILE, (soft, hard))
+        for conn in clients:
+            conn.close()
+        print(
+            f"   out of descriptors (40 clients, 8 free fds): {cpu / 3:.0%} of a core, "
+            f"{logged / 3 / 1000:.1f} kB/s of log over 3 s"
+        )
+        with proc.channel() as channel:
+            stub = proc.stub(channel)
+            for count in (8, 16):
+                streams = [
+                    stub.WatchViolations(pb.WatchViolationsRequest(), timeout=60)
+                    for _ in range(count)
+                ]
+                time.sleep(1.0)
+                start = time.perf_counter()
+                try:
+                    stub.GetCapabilities(pb.GetCapabilitiesRequest(), timeout=10)
+                    outcome = "ok"
+                except grpc.RpcError as exc:
+                    outcome = exc.code().name
+                took = time.perf_counter() - start
+                print(
+                    f"   {count} WatchViolations streams open: GetCapabilities "
+                    f"{took * 1e3:7.1f} ms ({outcome})"
+                )
+                for stream in streams:
+                    stream.cancel()
+                time.sleep(0.5)
+    finally:
+        proc.stop()
+
+
 SECTIONS: dict[str, Callable[[argparse.Namespace], None]] = {
     "watchdog": lambda args: watchdog_cost(args.seconds),
     "reaction": lambda args: reaction(args.trials),
     "prepare": lambda args: prepare_to_enforced(args.trials),
     "hook": lambda args: hook_cost(max(args.trials, 20)),
     "accuracy": lambda args: accuracy(args.seconds),
+    "hostile": lambda args: hostile(max(args.trials, 10), 1000),
 }
 
 

@@ -1,14 +1,18 @@
 from __future__ import annotations
 
+import os
+import stat
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gpuslice_core.errors import FailedPreconditionError, ResourceExhaustedError
 from gpuslice_core.grpcserver import UnixGrpcServer, check_health, remove_stale_socket
@@ -35,21 +39,27 @@ def _handlers(entered: threading.Event, release: threading.Event) -> grpc.Generi
         yield b"1"
         raise FailedPreconditionError("stream interrupted")
 
+    def hold(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
+        yield b"open"
+        while context.is_active() and not release.wait(0.05):
+            pass
+
     return grpc.method_handlers_generic_handler(
         SERVICE,
         {
             "Fail": grpc.unary_unary_rpc_method_handler(fail),
             "Count": grpc.unary_stream_rpc_method_handler(count),
+            "Hold": grpc.unary_stream_rpc_method_handler(hold),
         },
     )
 
 
 class Running:
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, **options: Any) -> None:
         self.socket = tmp_path / "plugins" / "probe.sock"
         self.entered = threading.Event()
         self.release = threading.Event()
-        self.server = UnixGrpcServer([self.socket], name="probe")
+        self.server = UnixGrpcServer([self.socket], name="probe", **options)
 
         def add(handler: Any, server: grpc.Server) -> None:
             server.add_generic_rpc_handlers((handler,))
@@ -168,3 +178,54 @@ def test_stop_leaves_a_successors_socket_alone(tmp_path: Path) -> None:
     finally:
         new.server.stop(grace=0)
     assert not new.socket.exists()
+
+
+def test_open_streams_never_starve_unary_calls_and_one_past_the_cap_is_refused(
+    tmp_path: Path,
+) -> None:
+    running = Running(tmp_path, max_workers=2, max_streams=3)
+    running.server.start()
+    try:
+        with grpc.insecure_channel(f"unix://{running.socket}") as typed_channel:
+            channel: Any = typed_channel
+            hold = channel.unary_stream(f"/{SERVICE}/Hold")
+            streams = [hold(b"", timeout=10) for _ in range(2)]
+            assert [next(s) for s in streams] == [b"open", b"open"]
+            health_watch = health_pb2_grpc.HealthStub(typed_channel).Watch(
+                health_pb2.HealthCheckRequest(), timeout=10
+            )
+            assert next(health_watch).status == health_pb2.HealthCheckResponse.SERVING
+            assert running.server.streams is not None and running.server.streams.open == 3
+            for _ in range(3):  # more unary calls at once than streams leave threads for
+                assert running.call("Fail", b"crash", timeout=2) == b""
+            with pytest.raises(grpc.RpcError) as refused:
+                next(hold(b"", timeout=5))
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert refused.value.details() == (
+                "probe: 3 streams are open, the most it serves at once (max_streams=3); "
+                "close one or retry later"
+            )
+            streams[0].cancel()
+            health_watch.cancel()
+            deadline = time.monotonic() + 5
+            while running.server.streams.open > 1 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert next(hold(b"", timeout=5)) == b"open"  # a place is free again
+    finally:
+        running.release.set()
+        running.server.stop(grace=1)
+
+
+def test_explicit_modes_whatever_the_umask(tmp_path: Path) -> None:
+    running = Running(tmp_path, socket_mode=0o600, dir_mode=0o750)
+    previous = os.umask(0)
+    try:
+        running.server.start()
+    finally:
+        os.umask(previous)
+    try:
+        assert stat.S_IMODE(running.socket.stat().st_mode) == 0o600
+        assert stat.S_IMODE(running.socket.parent.stat().st_mode) == 0o750
+        assert stat.S_IMODE(tmp_path.stat().st_mode) != 0o750  # an existing one: left alone
+    finally:
+        running.server.stop(grace=0)

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import socket
+import stat
 import sys
 import threading
 import time
@@ -17,7 +19,7 @@ import pytest
 
 from gpuslice_core.errors import NotFoundError
 from gpuslice_enforcer import hook
-from gpuslice_enforcer.attachsocket import AttachSocketServer, attach_socket_for
+from gpuslice_enforcer.attachsocket import AttachSocketServer, Throttled, attach_socket_for
 from gpuslice_enforcer.servicer import ContainersServicer
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
 
@@ -214,3 +216,182 @@ def test_the_hook_gives_up_at_its_deadline(grpc_socket: Path) -> None:
     with pytest.raises(hook.HookError, match="UNAVAILABLE: no enforcer listened on"):
         _call(grpc_socket, hook.attach_message("known", "", "ctr", 1, []), within=0.5)
     assert time.monotonic() - started < 2
+
+
+# ---- hostile and broken clients (issue 27) -------------------------------------------------
+def _stuck(path: Path) -> socket.socket:
+    """A client that announces a 100-byte request, sends 2 bytes of it and holds."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(str(path))
+    conn.sendall(hook.MAGIC + bytes([hook.METHOD_ATTACH]) + (100).to_bytes(4, "big") + b"\n\x02")
+    return conn
+
+
+def _reply(conn: socket.socket, timeout: float = 5) -> tuple[int, str]:
+    conn.settimeout(timeout)
+    head = hook.recv_exactly(conn, 5, time.monotonic() + timeout)
+    text = hook.recv_exactly(conn, int.from_bytes(head[1:], "big"), time.monotonic() + timeout)
+    return head[0], text.decode()
+
+
+def test_stuck_and_dripping_clients_never_delay_a_valid_call(grpc_socket: Path) -> None:
+    path = attach_socket_for(grpc_socket)
+    server = AttachSocketServer(path, StandInServicer(), request_deadline_s=1.0)
+    server.start()
+    stuck = [_stuck(path) for _ in range(20)]  # more than the 8 workers
+    dripping = _stuck(path)
+    stop = threading.Event()
+
+    def drip() -> None:  # a byte every 0.2 s: every read succeeds, the request never completes
+        with contextlib.suppress(OSError):
+            while not stop.wait(0.2):
+                dripping.send(b"x")
+
+    dripper = threading.Thread(target=drip)
+    dripper.start()
+    try:
+        started = time.monotonic()
+        assert _call(grpc_socket, hook.attach_message("known", "", "ctr", 1, [])).startswith(
+            "attached ctr"
+        )
+        assert time.monotonic() - started < 2  # was 10 s (a worker per stuck client)
+        for conn in [*stuck, dripping]:
+            status, text = _reply(conn)
+            assert status == 4, text  # DEADLINE_EXCEEDED
+            assert text.startswith("the request was not complete within 1 s")
+        assert time.monotonic() - started < 4  # the deadline is per request, not per read
+    finally:
+        stop.set()
+        dripper.join()
+        for conn in [*stuck, dripping]:
+            conn.close()
+        server.stop()
+
+
+def test_past_max_pending_the_connection_waiting_longest_goes(grpc_socket: Path) -> None:
+    path = attach_socket_for(grpc_socket)
+    server = AttachSocketServer(path, StandInServicer(), max_pending=4)
+    server.start()
+    stuck = []
+    try:
+        for _ in range(6):
+            stuck.append(_stuck(path))
+            time.sleep(0.05)  # accepted in this order
+        for conn in stuck[:2]:
+            status, text = _reply(conn)
+            assert status == 8, text  # RESOURCE_EXHAUSTED
+            assert "4 connections were still sending their requests" in text
+        assert _call(grpc_socket, hook.attach_message("known", "", "ctr", 1, [])).startswith(
+            "attached ctr"
+        )
+    finally:
+        for conn in stuck:
+            conn.close()
+        server.stop()
+
+
+def test_the_hook_waits_out_a_full_backlog_within_its_timeout(grpc_socket: Path) -> None:
+    path = attach_socket_for(grpc_socket)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(0)
+    fillers = []
+    while True:  # fill the backlog: the next connect is refused with EAGAIN
+        filler = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        filler.setblocking(False)
+        try:
+            filler.connect(str(path))
+        except BlockingIOError:
+            filler.close()
+            break
+        fillers.append(filler)
+    message = hook.attach_message("known", "", "ctr", 1, [])
+    try:
+        started = time.monotonic()
+        with pytest.raises(hook.HookError, match=r"UNAVAILABLE: .* stayed busy \(its backlog"):
+            _call(grpc_socket, message, within=0.3)
+        assert 0.25 < time.monotonic() - started < 2
+
+        def serve_after(delay: float) -> None:
+            time.sleep(delay)
+            for filler in fillers:
+                filler.close()
+            while True:
+                conn, _ = listener.accept()
+                with conn:
+                    conn.settimeout(5)
+                    if not conn.recv(1 << 16):
+                        continue  # a filler
+                    conn.sendall(b"\x00" + (9).to_bytes(4, "big") + b"attached!")
+                    return
+
+        server = threading.Thread(target=serve_after, args=(0.5,))
+        server.start()
+        assert _call(grpc_socket, message, within=5) == "attached!"  # was EAGAIN at once
+        server.join()
+    finally:
+        for filler in fillers:
+            filler.close()
+        listener.close()
+        path.unlink()
+
+
+def test_a_planted_file_at_the_attach_path_is_refused(grpc_socket: Path) -> None:
+    path = attach_socket_for(grpc_socket)
+    path.write_text("precious")
+    server = AttachSocketServer(path, StandInServicer())
+    with pytest.raises(FileExistsError, match="is not a unix socket; refusing to replace it"):
+        server.start()
+    server.stop()
+    assert path.read_text() == "precious"
+
+
+def test_modes_are_explicit_whatever_the_umask(grpc_socket: Path) -> None:
+    path = attach_socket_for(grpc_socket.parent / "run" / grpc_socket.name)
+    server = AttachSocketServer(path, StandInServicer())
+    previous = os.umask(0)
+    try:
+        server.start()
+    finally:
+        os.umask(previous)
+    try:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert stat.S_IMODE(path.parent.stat().st_mode) == 0o755
+    finally:
+        server.stop()
+        path.parent.rmdir()
+
+
+class LoudServicer(StandInServicer):
+    def attach(self, request: pb.AttachContainerRequest) -> pb.AttachContainerResponse:
+        raise NotFoundError(f"no container {request.container_id}")
+
+
+def test_error_messages_stay_bounded(grpc_socket: Path) -> None:
+    path = attach_socket_for(grpc_socket)
+    server = AttachSocketServer(path, LoudServicer())
+    server.start()
+    try:
+        with pytest.raises(hook.HookError) as loud:
+            _call(grpc_socket, hook.attach_message("known", "", "c" * 60_000, 1, []))
+        assert len(str(loud.value)) < hook.MAX_TEXT + 100
+        assert str(loud.value).endswith(
+            f"… ({len('no container ') + 60_000 - 1024} more characters)"
+        )
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
+            raw.connect(str(path))
+            raw.sendall(hook.MAGIC + bytes([hook.METHOD_ATTACH]) + (1 << 30).to_bytes(4, "big"))
+            assert _reply(raw) == (3, "request of 1073741824 bytes; at most 65536")
+    finally:
+        server.stop()
+
+
+def test_a_recurring_complaint_is_logged_once_per_period() -> None:
+    now = [0.0]
+    complaint = Throttled("accept failed", every=10, clock=lambda: now[0])
+    logged = []
+    for step in range(100):  # 25 s of one failure every 0.25 s
+        now[0] = step * 0.25
+        if complaint(error="Too many open files"):
+            logged.append(now[0])
+    assert logged == [0.0, 10.0, 20.0]

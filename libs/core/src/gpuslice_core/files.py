@@ -27,6 +27,22 @@ def temp_files_for(path: Path) -> list[Path]:
     return sorted(path.parent.glob(f".{path.name}.*{TEMP_SUFFIX}"))
 
 
+def make_dirs(path: Path, mode: int) -> None:
+    """Create ``path`` and its missing parents with exactly ``mode``, whatever the umask;
+    directories that exist already are left as they are (their owner chose their mode)."""
+    missing = []
+    current = path
+    while not current.exists():
+        missing.append(current)
+        current = current.parent
+    for directory in reversed(missing):
+        try:
+            directory.mkdir(mode=mode)
+        except FileExistsError:
+            continue  # made meanwhile by someone else: theirs
+        directory.chmod(mode)
+
+
 def atomic_write_bytes(path: Path, data: bytes, *, mode: int = 0o600, durable: bool = True) -> None:
     """Replace ``path`` with ``data`` so that readers see the old or new content, never a mix.
 

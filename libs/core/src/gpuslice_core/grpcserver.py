@@ -5,6 +5,12 @@ by a ``UnixGrpcServer``: it clears a stale socket left by a killed predecessor, 
 the standard ``grpc.health.v1.Health`` service, maps domain errors to gRPC statuses in one place
 (``ErrorInterceptor``), and on stop marks itself NOT_SERVING, lets in-flight calls finish within a
 grace period and removes its socket files.
+
+Streams (a watch, ``Health.Watch``) hold a worker thread for as long as they are open. A server
+built with ``max_streams`` gives them a budget of their own — that many threads more, and a
+refusal (``RESOURCE_EXHAUSTED``, naming the cap) for a stream past it (``StreamBudget``) — so
+open streams never starve unary calls. ``socket_mode`` and ``dir_mode`` set the socket's and a
+created socket directory's modes explicitly, whatever the process's umask.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from gpuslice_core.errors import GpusliceError
+from gpuslice_core.files import make_dirs
 from gpuslice_core.logging import get_logger
 
 log = get_logger(__name__)
@@ -89,6 +96,62 @@ class ErrorInterceptor(grpc.ServerInterceptor):
         return handler
 
 
+class StreamBudget(grpc.ServerInterceptor):
+    """At most ``cap`` streaming calls at once; one more is refused with RESOURCE_EXHAUSTED."""
+
+    def __init__(self, cap: int, server: str) -> None:
+        if cap < 1:
+            raise ValueError(f"max_streams must be at least 1, got {cap}")
+        self.cap = cap
+        self.server = server
+        self._open = 0
+        self._lock = threading.Lock()
+
+    @property
+    def open(self) -> int:
+        return self._open
+
+    def _enter(self, context: grpc.ServicerContext, method: str) -> None:
+        with self._lock:
+            if self._open < self.cap:
+                self._open += 1
+                return
+        log.info("stream refused", method=method, cap=self.cap)
+        context.abort(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"{self.server}: {self.cap} streams are open, the most it serves at once "
+            f"(max_streams={self.cap}); close one or retry later",
+        )
+
+    def _leave(self) -> None:
+        with self._lock:
+            self._open -= 1
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = continuation(handler_call_details)
+        if handler is None or handler.unary_stream is None:
+            return handler  # unary calls are not counted; no service here streams requests
+        inner = handler.unary_stream
+        method: str = handler_call_details.method
+
+        def unary_stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            self._enter(context, method)
+            try:
+                yield from inner(request, context)
+            finally:
+                self._leave()
+
+        return grpc.unary_stream_rpc_method_handler(
+            unary_stream,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
 def _refuse_non_socket(path: Path) -> bool:
     """True if a socket sits at ``path``; raise if something else does (never replace it)."""
     try:
@@ -98,6 +161,11 @@ def _refuse_non_socket(path: Path) -> bool:
     if not stat.S_ISSOCK(mode):
         raise FileExistsError(f"{path} exists and is not a unix socket; refusing to replace it")
     return True
+
+
+def refuse_non_socket(path: Path) -> None:
+    """Raise FileExistsError if something other than a unix socket sits at ``path``."""
+    _refuse_non_socket(path)
 
 
 def remove_stale_socket(path: Path) -> None:
@@ -115,16 +183,30 @@ class UnixGrpcServer:
         *,
         name: str,
         max_workers: int = 8,
+        max_streams: int | None = None,
+        socket_mode: int | None = None,
+        dir_mode: int | None = None,
         interceptors: Iterable[grpc.ServerInterceptor] = (),
     ) -> None:
+        """``max_workers`` threads serve unary calls; with ``max_streams``, that many more serve
+        streams and a stream past them is refused (``StreamBudget``); without it streams share
+        the ``max_workers`` threads. ``socket_mode``: the sockets' mode; ``dir_mode``: the mode
+        of socket directories this server creates (existing ones are left as they are); None
+        leaves either to the umask."""
         if not sockets:
             raise ValueError("UnixGrpcServer needs at least one socket path")
         self.sockets = [Path(s) for s in sockets]
         self.name = name
         self.health = health.HealthServicer()
+        self.streams = StreamBudget(max_streams, name) if max_streams is not None else None
+        self._socket_mode = socket_mode
+        self._dir_mode = dir_mode
+        budget = [self.streams] if self.streams is not None else []
         self._server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=name),
-            interceptors=[ErrorInterceptor(), *interceptors],
+            futures.ThreadPoolExecutor(
+                max_workers=max_workers + (max_streams or 0), thread_name_prefix=name
+            ),
+            interceptors=[ErrorInterceptor(), *budget, *interceptors],
             options=[("grpc.so_reuseport", 0)],
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
@@ -147,12 +229,17 @@ class UnixGrpcServer:
         """
         bound: list[tuple[Path, Path]] = []
         for index, path in enumerate(self.sockets):
-            path.parent.mkdir(parents=True, exist_ok=True)
+            if self._dir_mode is None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            else:
+                make_dirs(path.parent, self._dir_mode)
             _refuse_non_socket(path)
             temporary = path.parent / f".{os.getpid()}.{index}.s"
             temporary.unlink(missing_ok=True)
             if self._server.add_insecure_port(f"unix://{temporary}") == 0:
                 raise OSError(f"{self.name}: cannot listen on unix socket {path}")
+            if self._socket_mode is not None:
+                temporary.chmod(self._socket_mode)  # bound, not listening yet: nobody is in
             bound.append((temporary, path))
         for temporary, path in bound:
             temporary.replace(path)

@@ -10,17 +10,21 @@ it can reach. Both layouts are handled:
 * cgroup v1: a directory per hierarchy; freezing writes ``freezer.state``
   (``FROZEN``/``THAWED``) in the freezer hierarchy.
 
-A root cgroup, and any cgroup that holds the enforcer itself, is never frozen.
+A root cgroup, and any cgroup that holds the enforcer itself, is never frozen. Cgroup lines a
+client sends (the CDI hook's) are checked before they are used (:meth:`CgroupView.resolve`): a
+path is absolute and has no ``.`` or ``..`` component, and its directory exists below its
+hierarchy's mount once links are followed — nothing the enforcer freezes or partitions lies
+outside the cgroup root.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from gpuslice_core.errors import FailedPreconditionError, NotFoundError
+from gpuslice_core.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
 
 PROC = Path("/proc")
 
@@ -128,6 +132,24 @@ class CgroupView:
             return None
         return self.parse(lines)
 
+    def resolve(self, groups: ProcessCgroups) -> ProcessCgroups:
+        """``groups`` with each directory resolved and required to exist below its hierarchy's
+        mount: a path with ``.``/``..`` or one that leads elsewhere is INVALID_ARGUMENT (a
+        freeze would write where it leads), a missing directory NOT_FOUND (the container is
+        gone)."""
+        for path in (groups.v2_path, groups.freezer_path):
+            if path is not None and (
+                not path.startswith("/") or "\0" in path or {".", ".."} & set(path.split("/"))
+            ):
+                raise InvalidArgumentError(
+                    f"cgroup_lines: {path!r} is not a cgroup path (absolute, no . or ..)"
+                )
+        return replace(
+            groups,
+            v2_dir=_existing(self.v2, groups.v2_dir),
+            freezer_dir=_existing(self.freezer, groups.freezer_dir),
+        )
+
     def require_of_pid(self, pid: int) -> ProcessCgroups:
         groups = self.of_pid(pid)
         if groups is None:
@@ -150,6 +172,19 @@ class CgroupView:
                 return None
             return directory
         return None
+
+
+def _existing(mount: Mount | None, directory: Path | None) -> Path | None:
+    if mount is None or directory is None:
+        return directory
+    real = Path(os.path.realpath(directory))
+    if not within(real, os.path.realpath(mount.path)):
+        raise InvalidArgumentError(
+            f"cgroup_lines: {directory} leads out of the cgroup root {mount.path} (to {real})"
+        )
+    if not real.is_dir():
+        raise NotFoundError(f"cgroup {directory} does not exist (the container is gone?)")
+    return real
 
 
 def is_v1_freezer(directory: Path) -> bool:

@@ -8,7 +8,8 @@ cgroups exist and before its process runs the workload:
         --claim-uid <uid> --share-id <id> --timeout 10
 
 It reads ``/proc/<pid>/cgroup`` and asks the enforcer to attach the container (waiting up to
-``--timeout`` seconds if the enforcer is restarting); it exits 0 only once the enforcer says
+``--timeout`` seconds, for the whole call, if the enforcer is restarting or its backlog is
+full); it exits 0 only once the enforcer says
 every limit is in force. Any failure exits non-zero with the reason on stderr, which makes the
 runtime fail the container instead of starting it unenforced. ``detach`` (the ``poststop`` hook)
 forgets the container; its failures only matter for bookkeeping.
@@ -51,6 +52,8 @@ STATUS_OK = 0
 ATTACH_SUFFIX = ".attach"
 #: Largest reply the hook reads; a longer one is a protocol error.
 MAX_REPLY = 1 << 16
+#: Longest text the hook prints, and the attach socket sends or logs, for one error.
+MAX_TEXT = 1024
 #: gRPC status codes by number, for the gRPC fallback's and the attach socket's messages.
 STATUS_NAMES = (
     "OK",
@@ -227,10 +230,28 @@ def attach_socket_path(socket: str) -> str:
     return target + ATTACH_SUFFIX
 
 
-def recv_exactly(sock: _socket.socket, size: int) -> bytes:
-    """``size`` bytes from ``sock`` (both ends of the attach socket); EOFError if it closes."""
+def bounded(text: str, limit: int = MAX_TEXT) -> str:
+    """``text``, cut to ``limit`` characters (and saying so): no error message grows with what a
+    client sent."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text) - limit} more characters)"
+
+
+def _remaining(sock: _socket.socket, deadline: float) -> None:
+    """Let the next operation on ``sock`` wait only until ``deadline`` (socket timeouts are per
+    operation; the hook's is per call)."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError
+    sock.settimeout(left)
+
+
+def recv_exactly(sock: _socket.socket, size: int, deadline: float) -> bytes:
+    """``size`` bytes from ``sock`` by ``deadline``; EOFError if it closes, TimeoutError."""
     data = bytearray()
     while len(data) < size:
+        _remaining(sock, deadline)
         chunk = sock.recv(min(size - len(data), 1 << 16))
         if not chunk:
             raise EOFError(f"connection closed after {len(data)} of {size} bytes")
@@ -250,31 +271,37 @@ def attached_line(container_id: str, reply: AttachContainerResponse) -> str:
 
 
 def call(socket: str, method: int, message: bytes, deadline: float) -> str:
-    """One call on the attach socket; retries connecting until ``deadline`` while the enforcer
-    is away (a restart: the socket is missing or refuses), like gRPC's ``wait_for_ready``."""
-    delay = 0.02
+    """One call on the attach socket by ``deadline``. Connecting is retried with a back-off
+    while the enforcer is away (a restart: the socket is missing or refuses) or busy (its
+    backlog is full: EAGAIN), like gRPC's ``wait_for_ready``."""
+    delay = 0.01
     while True:
         path = attach_socket_path(socket)
         sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         try:
-            sock.settimeout(max(deadline - time.monotonic(), 0.001))
+            _remaining(sock, deadline)
             try:
                 sock.connect(path)
-            except (FileNotFoundError, ConnectionRefusedError) as exc:
-                if time.monotonic() + delay >= deadline:
-                    raise HookError(
-                        f"UNAVAILABLE: no enforcer listened on {path} within the timeout "
-                        f"({exc.strerror})"
-                    ) from None
-                time.sleep(delay)
-                delay = min(delay * 2, 0.5)
+            except (FileNotFoundError, ConnectionRefusedError, BlockingIOError) as exc:
+                left = deadline - time.monotonic() - 0.005  # one last try at the deadline
+                if left <= 0:
+                    if isinstance(exc, BlockingIOError):
+                        why = f"the enforcer on {path} stayed busy (its backlog full)"
+                    else:
+                        why = f"no enforcer listened on {path} ({exc.strerror})"
+                    raise HookError(f"UNAVAILABLE: {why} until the timeout") from None
+                time.sleep(min(delay, left))
+                delay = min(delay * 2, 0.25)
                 continue
+            _remaining(sock, deadline)
             sock.sendall(frame(method, message))
-            head = recv_exactly(sock, 5)
+            head = recv_exactly(sock, 5, deadline)
             status, size = head[0], int.from_bytes(head[1:], "big")
             if size > MAX_REPLY:
                 raise HookError(f"the enforcer's reply is too long ({size} bytes)")
-            text = recv_exactly(sock, size).decode(errors="replace")
+            text = bounded(
+                recv_exactly(sock, size, deadline).decode(errors="replace"), 2 * MAX_TEXT
+            )
         except EOFError:
             raise HookError("the enforcer closed the connection before it answered") from None
         except TimeoutError:
@@ -331,7 +358,7 @@ def call_grpc(args: Args, container_id: str, pid: int, lines: list[str], deadlin
 
 
 def _fail(message: str, status: int) -> int:
-    sys.stderr.write(f"gpuslice-enforcer-hook: {message}\n")
+    sys.stderr.write(f"gpuslice-enforcer-hook: {bounded(message, 4 * MAX_TEXT)}\n")
     return status
 
 

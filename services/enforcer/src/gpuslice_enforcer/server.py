@@ -10,16 +10,19 @@ interrupts a workload.
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from pathlib import Path
 
 import structlog
 from prometheus_client import CollectorRegistry
 
 from gpuslice_core.checkpoint import CheckpointStore
+from gpuslice_core.files import make_dirs
 from gpuslice_core.grpcserver import UnixGrpcServer
 from gpuslice_core.logging import get_logger
-from gpuslice_enforcer.attachsocket import AttachSocketServer, attach_socket_for
+from gpuslice_enforcer.attachsocket import AttachSocketServer, Throttled, attach_socket_for
 from gpuslice_enforcer.cgroups import CgroupView
 from gpuslice_enforcer.config import EnforcerConfig
 from gpuslice_enforcer.metrics import EnforcerMetrics
@@ -35,12 +38,26 @@ from gpuslice_protos.gpuslice.v1 import enforcer_pb2_grpc as pb_grpc
 log = get_logger(__name__)
 
 SUPERVISE_INTERVAL_S = 1.0
+#: How often containers that are gone without a poststop hook are forgotten.
+PRUNE_INTERVAL_S = 5.0
+#: Threads for unary calls, and for streams (WatchViolations, Health.Watch); a stream past
+#: MAX_STREAMS is refused with RESOURCE_EXHAUSTED, so open streams never starve unary calls.
+MAX_WORKERS, MAX_STREAMS = 8, 16
 
 
 def checkpoint_store(state_dir: Path, boot_id: str | None = None) -> CheckpointStore[EnforcerState]:
-    state_dir.mkdir(parents=True, exist_ok=True)
+    """The checkpoint in ``state_dir``: the directory 0700 and its lock file 0600, whatever the
+    umask (the checkpoint itself is written 0600)."""
+    make_dirs(state_dir, 0o700)
+    state_dir.chmod(0o700)  # the enforcer's own, also when an earlier start made it looser
+    path = state_dir / "enforcer.json"
+    lock = os.open(path.with_name(path.name + ".lock"), os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        os.fchmod(lock, 0o600)
+    finally:
+        os.close(lock)
     return CheckpointStore(
-        state_dir / "enforcer.json",
+        path,
         kind=CHECKPOINT_KIND,
         model=EnforcerState,
         schema_version=SCHEMA_VERSION,
@@ -76,7 +93,14 @@ class Enforcer:
         self.watchdog = Watchdog(
             nvml, config, self.cgroups, self.shares.snapshot, self.bus, self.metrics
         )
-        self.server = UnixGrpcServer([config.socket], name="enforcer")
+        self.server = UnixGrpcServer(
+            [config.socket],
+            name="enforcer",
+            max_workers=MAX_WORKERS,
+            max_streams=MAX_STREAMS,
+            socket_mode=0o600,
+            dir_mode=0o755,
+        )
         self.server.add(
             pb_grpc.add_EnforcerServicer_to_server,
             EnforcerServicer(self.shares, self.watchdog, self.bus, self.metrics),
@@ -117,11 +141,26 @@ class Enforcer:
 
     def _supervise(self) -> None:
         structlog.contextvars.bind_contextvars(thread="mps-supervisor")
+        next_prune = time.monotonic() + PRUNE_INTERVAL_S
+        # An OSError here (out of file descriptors, a full disk) recurs every second: one line
+        # per 10 s, without a traceback; anything else is a bug and logged in full.
+        supervise_failed = Throttled("mps supervision failed")
+        prune_failed = Throttled("pruning gone containers failed")
         while not self._stop.wait(SUPERVISE_INTERVAL_S):
             try:
                 self.shares.supervise()
+            except OSError as exc:
+                supervise_failed(error=str(exc))
             except Exception:
                 log.exception("mps supervision failed")
+            if time.monotonic() >= next_prune:
+                next_prune = time.monotonic() + PRUNE_INTERVAL_S
+                try:
+                    self.shares.prune()
+                except OSError as exc:
+                    prune_failed(error=str(exc))
+                except Exception:
+                    log.exception("pruning gone containers failed")
 
     def stop(self, grace: float = 5.0) -> None:
         self.server.stop(grace)

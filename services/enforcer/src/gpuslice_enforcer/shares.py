@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from gpuslice_core.cdi import ContainerEdits
 from gpuslice_core.checkpoint import CheckpointStore
@@ -47,6 +48,9 @@ from gpuslice_nvml import MEMORY_LIMIT_MAX, ComputeMode, Nvml, NvmlError
 log = get_logger(__name__)
 
 MIB = 1 << 20
+#: Longest claim UID, share ID and container ID an attach may name; most cgroup lines, and the
+#: longest (so that no error message grows with what a client sent).
+MAX_ID, MAX_CGROUP_LINES, MAX_CGROUP_LINE = 256, 64, 4096
 
 
 @dataclass(frozen=True)
@@ -302,13 +306,16 @@ class ShareManager:
 
     def _clear_limits(self, share: ShareRecord) -> None:
         for container in share.containers.values():
-            for gpu in container.partitioned_gpus:
-                if container.v2_dir is None:
-                    continue
-                try:
-                    self.nvml.set_memory_limits(gpu, container.v2_dir, 0, MEMORY_LIMIT_MAX)
-                except NvmlError as exc:  # gone with its cgroup, most likely
-                    log.debug("memory limit not cleared", cgroup=container.v2_dir, error=str(exc))
+            self._clear_container_limits(container)
+
+    def _clear_container_limits(self, container: ContainerRecord) -> None:
+        for gpu in container.partitioned_gpus:
+            if container.v2_dir is None:
+                continue
+            try:
+                self.nvml.set_memory_limits(gpu, container.v2_dir, 0, MEMORY_LIMIT_MAX)
+            except NvmlError as exc:  # gone with its cgroup, most likely
+                log.debug("memory limit not cleared", cgroup=container.v2_dir, error=str(exc))
 
     def _teardown_mps(self, state: EnforcerState, share: ShareRecord) -> None:
         uuid = share.device_uuids[0]
@@ -412,11 +419,7 @@ class ShareManager:
 
     # -- containers -----------------------------------------------------------------------
     def attach(self, req: AttachRequest) -> AttachResult:
-        if not req.claim_uid or not req.container_id or req.pid <= 0:
-            raise InvalidArgumentError(
-                f"claim_uid, container_id and pid are required (got {req.claim_uid!r}, "
-                f"{req.container_id!r}, {req.pid})"
-            )
+        _validate_attach(req)
         with self._lock, self.store.transaction() as state:
             share = state.shares.get(req.claim_uid)
             if share is None:
@@ -428,11 +431,12 @@ class ShareManager:
                 )
             if start_time(req.pid) is None and not req.cgroup_lines:
                 raise NotFoundError(f"pid: no process {req.pid} (the container is gone)")
-            groups = (
+            groups = self.cgroups.resolve(
                 self.cgroups.parse(req.cgroup_lines)
                 if req.cgroup_lines
                 else self.cgroups.require_of_pid(req.pid)
             )
+            pruned = self._prune(share, keep=req.container_id)
             existing = share.containers.get(req.container_id)
             record = ContainerRecord(
                 container_id=req.container_id,
@@ -448,6 +452,7 @@ class ShareManager:
             share.containers[req.container_id] = record
             self._publish(state)
         paths = [p for p in (record.v2_dir, record.freezer_dir) if p]
+        _log_pruned(share.claim_uid, pruned)
         log.info(
             "container attached",
             claim_uid=share.claim_uid,
@@ -477,6 +482,26 @@ class ShareManager:
                 )
             done.append(gpu)
         return done
+
+    def prune(self) -> int:
+        """Forget every container that is gone without a poststop hook to detach it (called
+        periodically; attach does it for its share); how many were forgotten."""
+        _, shares = self.snapshot()
+        if not any(_gone(c) for s in shares for c in s.containers.values()):
+            return 0
+        with self._lock, self.store.transaction() as state:
+            pruned = {s.claim_uid: self._prune(s) for s in state.shares.values()}
+            self._publish(state)
+        for claim_uid, ids in pruned.items():
+            _log_pruned(claim_uid, ids)
+        return sum(len(ids) for ids in pruned.values())
+
+    def _prune(self, share: ShareRecord, keep: str = "") -> list[str]:
+        gone = [c for c in share.containers.values() if c.container_id != keep and _gone(c)]
+        for container in gone:
+            self._clear_container_limits(container)
+            del share.containers[container.container_id]
+        return [c.container_id for c in gone]
 
     def detach(self, claim_uid: str, container_id: str) -> bool:
         with self._lock, self.store.transaction() as state:
@@ -551,6 +576,42 @@ class ShareManager:
             for daemon in list(state.daemons.values()):
                 self.mps.stop(daemon)
             state.daemons.clear()
+
+
+def _gone(container: ContainerRecord) -> bool:
+    """Whether a container's cgroups are all removed (with none recorded: its process is)."""
+    dirs = [d for d in (container.v2_dir, container.freezer_dir) if d]
+    if dirs:
+        return not any(Path(d).is_dir() for d in dirs)
+    return start_time(container.pid) is None
+
+
+def _log_pruned(claim_uid: str, container_ids: list[str]) -> None:
+    if container_ids:
+        log.info(
+            "gone containers forgotten",
+            claim_uid=claim_uid,
+            count=len(container_ids),
+            containers=container_ids[:10],
+        )
+
+
+def _validate_attach(req: AttachRequest) -> None:
+    for name in ("claim_uid", "share_id", "container_id"):
+        value: str = getattr(req, name)
+        if len(value) > MAX_ID:
+            raise InvalidArgumentError(f"{name}: {len(value)} characters; at most {MAX_ID}")
+    longest = max((len(line) for line in req.cgroup_lines), default=0)
+    if len(req.cgroup_lines) > MAX_CGROUP_LINES or longest > MAX_CGROUP_LINE:
+        raise InvalidArgumentError(
+            f"cgroup_lines: {len(req.cgroup_lines)} lines of up to {longest} characters; at "
+            f"most {MAX_CGROUP_LINES} lines of {MAX_CGROUP_LINE}"
+        )
+    if not req.claim_uid or not req.container_id or req.pid <= 0:
+        raise InvalidArgumentError(
+            f"claim_uid, container_id and pid are required (got {req.claim_uid!r}, "
+            f"{req.container_id!r}, {req.pid})"
+        )
 
 
 def _validate(req: ShareRequest) -> None:
