@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import time
 from fractions import Fraction
 
 import pytest
@@ -91,3 +93,40 @@ def test_quantity_formats() -> None:
     assert human_bytes(85520809984) == "79.6Gi"
     with pytest.raises(InvalidArgumentError):
         parse_quantity("20 GiB")
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("1e300000000", "out of range (exponent 300000000"),
+        ("1e-300000000", "out of range (exponent -300000000"),
+        ("9Ei", "is out of range"),
+        ("1" * 5000, "is too long"),
+    ],
+)
+def test_quantities_out_of_range_are_refused_at_once(text: str, why: str) -> None:
+    """An exact parse costs what the number's size is: 1e300000000 took minutes."""
+    start = time.perf_counter()
+    with pytest.raises(InvalidArgumentError, match=re.escape(why)) as err:
+        parse_quantity(text, what="limits.memory")
+    assert time.perf_counter() - start < 0.1
+    assert str(err.value).startswith("limits.memory: ")
+    assert "allowed: a quantity below 8Ei (2^63) in magnitude" in str(err.value)
+    assert len(str(err.value)) < 300
+
+
+def test_a_huge_memory_limit_names_the_field_and_the_range() -> None:
+    with pytest.raises(InvalidArgumentError) as err:
+        decode({**BASE, "limits": {"memory": "1e300000000"}})
+    assert "limits.memory: '1e300000000' is not allowed (out of range: a quantity below 8Ei" in (
+        str(err.value)
+    )
+    assert "allowed: a quantity from 1Mi up to the GPU's memory" in str(err.value)
+
+
+def test_many_bad_fields_make_one_short_message() -> None:
+    with pytest.raises(InvalidArgumentError) as err:
+        decode(BASE | {f"k{i}": i for i in range(500)})
+    assert "unknown field 'k0'" in str(err.value)
+    assert "and 495 more problems" in str(err.value)
+    assert len(str(err.value)) < 400

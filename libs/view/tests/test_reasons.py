@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import re
+import time
+
+import pytest
+
 from gpuslice_view import cel
 from gpuslice_view.model import ClusterView
 from gpuslice_view.objects import pod_from
@@ -254,3 +259,33 @@ def test_cel_subset() -> None:
     no = [f"{d}.profile == 'x'", f"{d}.productName.matches('^T')"]
     assert [cel.matches(cel.parse(e), env) for e in yes] == [True] * len(yes)
     assert [cel.matches(cel.parse(e), env) for e in no] == [False] * len(no)
+
+
+def test_cel_the_api_server_takes_but_we_cannot_afford_is_not_judged() -> None:
+    """The API server takes 5,000 ``!`` in a row and patterns that make Python's re backtrack
+    for hours; ``why`` must not recurse or stall on them (it holds the view's lock)."""
+    env = cel.device_env("gpu.gpuslice.dev", {"productName": {"string": "NVIDIA H100 80GB"}}, {})
+    d = "device.attributes['gpu.gpuslice.dev'].productName"
+    for expression, reason in [
+        ("!" * 5000 + "true", "nests deeper than 50"),
+        ("(" * 300 + "true" + ")" * 300, "nests deeper than 50"),
+        (" && ".join(["true"] * 100), "nests deeper than 50"),
+    ]:
+        with pytest.raises(cel.Unsupported, match=reason):
+            cel.parse(expression)
+    for pattern, reason in [
+        ("^(.*.*.*)*X$", "a repeat inside a repeat"),
+        ("^(a|b.*)+$", "an alternation in a repeat"),
+        ("(a)\\\\1", "a back-reference"),
+        (".*a.*b.*c", "more than 2 repeats"),
+    ]:
+        with pytest.raises(cel.Unsupported, match=re.escape(reason)):
+            cel.matches(cel.parse(f"{d}.matches('{pattern}')"), env)
+    with pytest.raises(cel.Unsupported, match="longer than 64"):
+        cel.matches(cel.parse(f"'{'a' * 100}'.matches('a*b')"), env)
+    assert cel.matches(cel.parse(f"{d}.matches('^NVIDIA H1[0-9]+ .*GB$')"), env)
+    assert cel.matches(cel.parse(" && ".join(["true"] * 40)), env)
+    v = view(claim("ml", "new", selectors=(f"{d}.matches('^(.*.*.*)*X$')",)))
+    start = time.perf_counter()
+    assert [r.code for r in why(v)] == ["Fits"]  # not judged: the scheduler decides
+    assert time.perf_counter() - start < 0.5

@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from gpuslice_api import nvconfig
 from gpuslice_api.quantity import memory_quantity
 from gpuslice_core.errors import InvalidArgumentError
+from gpuslice_core.untrusted import LISTED, shown
 
 API_VERSION = "gpu.gpuslice.dev/v1alpha1"
 KIND = "GpuConfig"
@@ -137,32 +138,37 @@ def _describe(err: Mapping[str, Any], allowed_by_field: Mapping[str, str]) -> st
     if err["type"] == "extra_forbidden":
         parent, _, name = loc.rpartition(".")
         where = f" in {parent}" if parent else ""
-        return f"unknown field {name!r}{where}"
+        return f"unknown field {shown(name)}{where}"
     if err["type"] == "missing":
         hint = allowed_by_field.get(loc, "see docs/kubelet-plugin.md")
         return f"{loc}: required (allowed: {hint})"
     value = err.get("input")
     allowed = allowed_by_field.get(loc)
     reason = str(err["msg"]).removeprefix("Value error, ")
-    text = f"{loc}: {value!r} is not allowed ({reason})"
+    text = f"{loc}: {shown(value)} is not allowed ({reason})"
     return f"{text}; allowed: {allowed}" if allowed else text
 
 
 def format_config_error(exc: ValidationError, allowed: Mapping[str, str] = ALLOWED) -> str:
-    """One line naming every bad field, its value and what it allows."""
-    return "; ".join(_describe(err, allowed) for err in exc.errors())
+    """One line naming each bad field (the first five, and how many there are), its value and
+    what it allows."""
+    errors = exc.errors()
+    text = "; ".join(_describe(err, allowed) for err in errors[:LISTED])
+    more = len(errors) - LISTED
+    return f"{text}; and {more} more problems" if more > 0 else text
 
 
 def decode(parameters: Any, *, what: str = "GpuConfig") -> GpuConfig:
     """Decode ``opaque.parameters`` strictly; ``InvalidArgumentError`` says what is wrong."""
     if not isinstance(parameters, dict):
-        raise InvalidArgumentError(f"{what}: parameters must be an object, got {parameters!r}")
+        raise InvalidArgumentError(f"{what}: parameters must be an object, got {shown(parameters)}")
     kind, version = parameters.get("kind"), parameters.get("apiVersion")
     if version == nvconfig.API_VERSION and kind in nvconfig.KINDS:
         return _from_nvidia(parameters, what)
     if version != API_VERSION or kind != KIND:
         raise InvalidArgumentError(
-            f"{what}: unsupported apiVersion/kind {version!r}/{kind!r}; this driver accepts "
+            f"{what}: unsupported apiVersion/kind {shown(version)}/{shown(kind)}; this driver "
+            "accepts "
             f"{API_VERSION} {KIND} and NVIDIA's {nvconfig.API_VERSION} "
             f"{' and '.join(nvconfig.KINDS)}"
         )

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gpuslice_api.quantity import memory_quantity
 from gpuslice_core.errors import InvalidArgumentError
+from gpuslice_core.untrusted import shown
 
 API_VERSION = "resource.nvidia.com/v1beta1"
 KINDS = ("GpuConfig", "MigDeviceConfig")
@@ -76,7 +77,7 @@ class MpsConfig(_Strict):
             try:
                 out[str(key)] = memory_quantity(quantity, floor_mib=True)
             except ValueError as exc:
-                raise ValueError(f"device {key!r}: {quantity!r}: {exc}") from exc
+                raise ValueError(f"device {shown(key)}: {shown(quantity)}: {exc}") from exc
         return out
 
 
@@ -161,7 +162,7 @@ def _gpu(config: NvidiaGpuConfig) -> Mapped:
         if interval not in (None, "Default"):
             raise _refuse(
                 "sharing.timeSlicingConfig.interval",
-                repr(interval),
+                shown(interval),
                 "gpuslice does not change a GPU's compute time slice (NVML has no call for "
                 "it; NVIDIA's driver runs nvidia-smi compute-policy --set-timeslice)",
             )

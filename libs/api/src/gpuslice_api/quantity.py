@@ -2,6 +2,13 @@
 
 Capacity values, consumed capacity in allocation results and ``GpuConfig.limits.memory`` are
 quantities. Parsing is exact (``Fraction``); callers round where a whole number is needed.
+
+A quantity in opaque parameters is a string the API server never checks, and an exact parse
+costs what the number's size is: ``1e300000000`` (16 bytes) kept a kubelet plugin busy for
+minutes. So a quantity has at most ``MAX_CHARS`` characters and an exponent within
+``MAX_EXPONENT``, and its value lies within Kubernetes' own range (a quantity's ``Value()`` is
+an int64): ``-LARGEST..LARGEST``, far beyond any GPU. Anything else is refused with the field's
+name and that range, before any big number is computed.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ import re
 from fractions import Fraction
 
 from gpuslice_core.errors import InvalidArgumentError
+from gpuslice_core.untrusted import shown
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
@@ -23,26 +31,46 @@ _DECIMAL: dict[str, int | Fraction] = {
     "": 1,
 }
 _DECIMAL.update({"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18})
+MAX_CHARS = 64
+MAX_EXPONENT = 30
+LARGEST = 2**63 - 1
+"""The largest quantity (8Ei - 1): Kubernetes' int64."""
+RANGE = "a quantity below 8Ei (2^63) in magnitude, of at most 64 characters"
 _QUANTITY = re.compile(
     r"(?P<sign>[+-]?)(?P<num>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
     r"(?:(?P<exp>[eE][+-]?[0-9]+)|(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?)"
 )
 
 
+class OutOfRangeError(InvalidArgumentError):
+    """A quantity beyond ``RANGE``."""
+
+
 def parse_quantity(value: str | int, *, what: str = "quantity") -> Fraction:
     """The exact value of a Kubernetes quantity; ``InvalidArgumentError`` names ``what``."""
     if isinstance(value, bool):
         raise InvalidArgumentError(f"{what}: {value!r} is not a quantity")
-    if isinstance(value, int):
-        return Fraction(value)
+    number = Fraction(value) if isinstance(value, int) else _parse(value, what)
+    if abs(number) > LARGEST:
+        raise OutOfRangeError(f"{what}: {shown(value)} is out of range; allowed: {RANGE}")
+    return number
+
+
+def _parse(value: object, what: str) -> Fraction:
+    if isinstance(value, str) and len(value) > MAX_CHARS:
+        raise OutOfRangeError(f"{what}: {shown(value)} is too long; allowed: {RANGE}")
     match = _QUANTITY.fullmatch(value.strip()) if isinstance(value, str) else None
     if match is None:
         raise InvalidArgumentError(
-            f"{what}: {value!r} is not a quantity (examples: 100, 20Gi, 512Mi, 1.5G)"
+            f"{what}: {shown(value)} is not a quantity (examples: 100, 20Gi, 512Mi, 1.5G)"
         )
-    number = Fraction(match["num"])
-    if match["exp"]:
-        number *= Fraction(10) ** int(match["exp"][1:])
+    exponent = int(match["exp"][1:]) if match["exp"] else 0
+    if abs(exponent) > MAX_EXPONENT:
+        raise OutOfRangeError(
+            f"{what}: {shown(value)} is out of range (exponent {exponent}, at most "
+            f"{MAX_EXPONENT} either way); allowed: {RANGE}"
+        )
+    number = Fraction(match["num"]) * Fraction(10) ** exponent
     suffix = match["suffix"] or ""
     scale: int | Fraction = _BINARY[suffix] if suffix in _BINARY else _DECIMAL[suffix]
     number *= scale
@@ -61,6 +89,8 @@ def memory_quantity(value: object, *, floor_mib: bool = False) -> int:
         raise ValueError("must be a quantity string such as 20Gi")
     try:
         parsed = parse_quantity(value, what="memory")
+    except OutOfRangeError as exc:
+        raise ValueError(f"out of range: {RANGE}") from exc
     except InvalidArgumentError as exc:
         raise ValueError("not a quantity (examples: 20Gi, 512Mi)") from exc
     if floor_mib:

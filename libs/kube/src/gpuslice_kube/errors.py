@@ -8,8 +8,6 @@ everything else is permanent and carries the API server's own message.
 
 from __future__ import annotations
 
-import json
-
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
@@ -21,6 +19,7 @@ from gpuslice_core.errors import (
     NotFoundError,
     TransientError,
 )
+from gpuslice_core.untrusted import UndecodableError, loads
 
 TRANSIENT_STATUSES = frozenset({0, 408, 429, 500, 502, 503, 504})
 
@@ -57,6 +56,14 @@ class KubeForbiddenError(KubeError):
     """401/403: the credentials are missing or lack RBAC permission."""
 
 
+class UndecodableObjectError(KubeError, UndecodableError):
+    """The API server's answer cannot be decoded: an object someone wrote nests too deep or
+    holds a number out of range (``gpuslice_core.untrusted``). Retrying cannot help."""
+
+    problem: str = ""
+    """What is wrong with the JSON, without the request (``JSON nested deeper than ...``)."""
+
+
 class KubeTransientError(KubeError, TransientError):
     """429, 5xx, timeouts and connection failures: retry with backoff."""
 
@@ -65,8 +72,8 @@ def _status_message(body: str | bytes | None) -> tuple[str, str]:
     if not body:
         return "", ""
     try:
-        status = json.loads(body)
-    except ValueError:
+        status = loads(body)
+    except UndecodableError:
         text = body.decode() if isinstance(body, bytes) else body
         return text.strip()[:500], ""
     if not isinstance(status, dict):

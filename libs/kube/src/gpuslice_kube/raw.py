@@ -5,6 +5,12 @@ Why raw: the typed models of kubernetes 37 cost 8-12x plain JSON to deserialize,
 such as ``/apis/resource.k8s.io/v1/resourceslices`` also makes API-version fallback a string
 choice instead of a different generated class. Objects are plain dicts; the API server validates
 what we write and its message comes back in the error.
+
+What others wrote is decoded with ``gpuslice_core.untrusted.loads``: nesting is bounded, and an
+object that cannot be decoded (a claim whose opaque parameters nest 1,500 levels deep) is an
+``UndecodableObjectError`` when it is read alone, is left out of a list (the others are kept;
+one warning per object and minute names it), and arrives from a watch as an event marked
+``undecodable`` that carries only the object's identity.
 """
 
 from __future__ import annotations
@@ -19,8 +25,12 @@ from urllib.parse import quote
 import urllib3
 from kubernetes.client import ApiClient
 
+from gpuslice_core import untrusted
+from gpuslice_core.logging import get_logger
 from gpuslice_kube import retry
-from gpuslice_kube.errors import from_exception, from_status
+from gpuslice_kube.errors import UndecodableObjectError, from_exception, from_status
+
+log = get_logger(__name__)
 
 Obj = dict[str, Any]
 
@@ -32,10 +42,76 @@ APPLY_PATCH = "application/apply-patch+yaml"
 
 @dataclass(frozen=True)
 class WatchEvent:
-    """One event of a watch stream: ADDED, MODIFIED, DELETED, BOOKMARK or ERROR."""
+    """One event of a watch stream: ADDED, MODIFIED, DELETED, BOOKMARK or ERROR.
+
+    ``undecodable``: why the event's object could not be decoded; ``object`` then holds only
+    the ``metadata`` (name, namespace, uid, resourceVersion) that could be read, maybe none.
+    """
 
     type: str
     object: Obj
+    undecodable: str = ""
+
+
+SKIPPED = untrusted.Throttle(60.0)
+"""One warning per undecodable object and minute (lists are read again and again)."""
+
+
+def report_skipped(path: str, meta: Mapping[str, str], reason: str) -> None:
+    """Log that an object of ``path`` was left out because it cannot be decoded."""
+    name = meta.get("name", "?")
+    key = f"{meta['namespace']}/{name}" if meta.get("namespace") else name
+    held = SKIPPED.allow(f"{path} {key} {meta.get('uid', '')}")
+    if held is None:
+        return
+    log.warning(
+        "an object that cannot be decoded is skipped; the others are kept",
+        path=path,
+        object=key,
+        uid=meta.get("uid"),
+        reason=reason,
+        held_back=held or None,
+    )
+
+
+def _decode(data: bytes, what: str) -> Any:
+    if not data:
+        return {}
+    try:
+        return untrusted.loads(data)
+    except untrusted.UndecodableError as exc:
+        meta = untrusted.identity(data)
+        name = "/".join(v for v in (meta.get("namespace"), meta.get("name")) if v)
+        err = UndecodableObjectError(
+            f"{what}: the object {name or ''} cannot be decoded: {exc}".replace("  ", " ")
+        )
+        err.problem = str(exc)
+        raise err from exc
+
+
+def _decode_page(data: bytes, path: str) -> Obj:
+    """A list page; items that cannot be decoded are left out and reported."""
+    if not data:
+        return {}
+    try:
+        page: Obj = untrusted.loads(data)
+        return page
+    except untrusted.UndecodableError as exc:
+        split = untrusted.split_items(data)
+        if split is None:
+            err = UndecodableObjectError(f"GET {path}: the list cannot be decoded: {exc}")
+            err.problem = str(exc)
+            raise err from exc
+    envelope, texts = split
+    page = _decode(envelope, f"GET {path}")
+    items = []
+    for text in texts:
+        try:
+            items.append(untrusted.loads(text))
+        except untrusted.UndecodableError as exc:
+            report_skipped(path, untrusted.identity(text), str(exc))
+    page["items"] = items
+    return page
 
 
 def resource_path(
@@ -72,6 +148,7 @@ class RawApi:
         content_type: str = JSON,
         timeout: float | tuple[float, float] | None = 30.0,
         stream: bool = False,
+        decode: bool = True,
     ) -> Any:
         headers = {"Accept": JSON, "Content-Type": content_type}
         params = [(k, v) for k, v in (query or {}).items() if v is not None]
@@ -100,7 +177,7 @@ class RawApi:
         if stream:
             return response.response
         data = response.read()
-        return json.loads(data) if data else {}
+        return _decode(data, what) if decode else data
 
     def _call(self, *args: Any, **kwargs: Any) -> Any:
         return retry.call(self._request, *args, deadline=self.deadline, **kwargs)
@@ -139,7 +216,7 @@ class RawApi:
         reduces what it keeps never holds more than one page of whole objects."""
         token: str | None = None
         while True:
-            page: Obj = self._call(
+            data: bytes = self._call(
                 "GET",
                 path,
                 query={
@@ -148,7 +225,9 @@ class RawApi:
                     "limit": limit,
                     "continue": token,
                 },
+                decode=False,
             )
+            page = _decode_page(data, path)
             meta = page.get("metadata") or {}
             yield page.get("items") or [], meta.get("resourceVersion")
             token = meta.get("continue")
@@ -180,19 +259,25 @@ class RawApi:
             options["preconditions"] = {"uid": precondition_uid}
         if grace_period_seconds is not None:
             options["gracePeriodSeconds"] = grace_period_seconds
-        result: Obj = self._call("DELETE", path, body=options)
-        return result
+        data: bytes = self._call("DELETE", path, body=options, decode=False)
+        try:
+            result: Obj = _decode(data, f"DELETE {path}")
+            return result
+        except UndecodableObjectError:  # it is deleted all the same: say which one
+            return {"metadata": untrusted.identity(data)}
 
     def delete_collection(
         self, path: str, *, label_selector: str | None = None, field_selector: str | None = None
     ) -> Obj:
-        """Delete every object of a collection that the selectors match (DeleteCollection)."""
-        result: Obj = self._call(
+        """Delete every object of a collection that the selectors match (DeleteCollection);
+        returns the list of what was deleted (objects that cannot be decoded left out)."""
+        data: bytes = self._call(
             "DELETE",
             path,
             query={"labelSelector": label_selector, "fieldSelector": field_selector},
+            decode=False,
         )
-        return result
+        return _decode_page(data, path)
 
     def watch(
         self,
@@ -238,7 +323,11 @@ class WatchStream:
             for line in self._response:  # urllib3 responses iterate line by line
                 if not line.strip():
                     continue
-                event = json.loads(line)
+                try:
+                    event = untrusted.loads(line)
+                except untrusted.UndecodableError as exc:
+                    yield _undecodable_event(line, str(exc))
+                    continue
                 if event.get("type") == "ERROR":
                     status = event.get("object") or {}
                     raise from_status(
@@ -262,3 +351,16 @@ class WatchStream:
             with contextlib.suppress(RuntimeError):  # already released to the pool
                 self._response.shutdown()  # unblocks a reader stuck in a socket read
             self._response.release_conn()
+
+
+def _undecodable_event(line: bytes, reason: str) -> WatchEvent:
+    """What can be read of an event whose object cannot be decoded: its type and identity."""
+    try:
+        head = untrusted.loads(untrusted.prune(line, 1))
+    except untrusted.UndecodableError:
+        head = {}
+    kind = head.get("type") if isinstance(head, dict) else None
+    meta = untrusted.identity(line, level=2)
+    return WatchEvent(
+        type=str(kind or "MODIFIED"), object={"metadata": meta} if meta else {}, undecodable=reason
+    )

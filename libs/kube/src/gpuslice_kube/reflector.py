@@ -4,6 +4,12 @@ It is the part of client-go's informer that our services need: list, watch from 
 resourceVersion with bookmarks, list again when the version expires (410) or the watch fails,
 and hand every change to a callback. A relist is diffed against the cache, so an object deleted
 while the watch was down is still reported as DELETED.
+
+An object that cannot be decoded (``gpuslice_core.untrusted``: nested too deep, a number out of
+range) is treated as absent, the same way by a list and by a watch: the list leaves it out, and
+a watch event for it removes it from the cache (DELETED to the handler if it was there), with a
+warning per object and minute. One such object never stops the reflector; neither does any
+other failure, which is logged and retried with backoff.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from collections.abc import Callable
 from gpuslice_core.errors import GpusliceError
 from gpuslice_core.logging import get_logger
 from gpuslice_kube.errors import GoneError
-from gpuslice_kube.raw import Obj, RawApi, WatchStream
+from gpuslice_kube.raw import Obj, RawApi, WatchEvent, WatchStream, report_skipped
 
 log = get_logger(__name__)
 
@@ -95,8 +101,13 @@ class Reflector:
                 self._watch(version)
             except GoneError:
                 log.info("watch expired; listing again", path=self.path)
-            except GpusliceError as exc:
-                log.warning("list/watch failed", path=self.path, error=str(exc), retry_in_s=delay)
+            except Exception as exc:  # anything: a reflector that dies leaves a stale cache
+                if isinstance(exc, GpusliceError):
+                    log.warning(
+                        "list/watch failed", path=self.path, error=str(exc), retry_in_s=delay
+                    )
+                else:
+                    log.exception("list/watch crashed", path=self.path, retry_in_s=delay)
                 if self._stop.wait(delay):
                     return
                 delay = min(delay * 2, self.backoff_max)
@@ -106,6 +117,17 @@ class Reflector:
             self.handler(event_type, obj)
         except Exception:
             log.exception("reflector handler failed", path=self.path, event_type=event_type)
+
+    def _skip(self, event: WatchEvent) -> None:
+        """An object that cannot be decoded: gone from the cache, as a relist would leave it
+        out."""
+        meta = event.object.get("metadata") or {}
+        report_skipped(self.path, meta, event.undecodable)
+        if "name" not in meta:
+            return
+        old = self.cache.pop(object_key(event.object), None)
+        if old is not None:
+            self._emit("DELETED", old)
 
     def _relist(self) -> str:
         """List page by page: each object is reported and reduced (``keep``) as its page
@@ -151,6 +173,9 @@ class Reflector:
                 obj = event.object
                 version = str(obj.get("metadata", {}).get("resourceVersion") or version)
                 if event.type == "BOOKMARK":
+                    continue
+                if event.undecodable:
+                    self._skip(event)
                     continue
                 key = object_key(obj)
                 if event.type == "DELETED":

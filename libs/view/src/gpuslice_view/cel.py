@@ -10,10 +10,20 @@ and the methods ``compareTo isGreaterThan isLessThan startsWith endsWith contain
 lowerAscii upperAscii``. Anything else raises ``Unsupported``: the caller then says it cannot
 judge that selector, and the scheduler stays the judge. A runtime error (a missing attribute)
 makes the device not match, as the scheduler treats it.
+
+Selectors are written by tenants, and the API server takes some that a naive evaluator cannot
+afford: 5,000 ``!`` in a row, or a regular expression that backtracks for hours in Python's
+``re`` (the scheduler's RE2 never backtracks). So an expression nested deeper than
+``MAX_NESTING`` levels is ``Unsupported`` (the parser and evaluator recurse once per level),
+and so is ``matches()`` with a pattern that could backtrack without bound (a repeat inside a
+repeat, an alternation inside a repeat, a back-reference, more than ``MAX_REPEATS`` repeats) or
+on a string longer than ``MAX_MATCH_TEXT`` (a device attribute's limit): ``why`` then says it
+cannot judge that selector instead of stalling the view.
 """
 
 from __future__ import annotations
 
+import importlib
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -22,6 +32,14 @@ from typing import Any
 
 from gpuslice_api.quantity import parse_quantity
 from gpuslice_core.errors import InvalidArgumentError
+
+MAX_NESTING = 50
+"""Levels of nesting (parentheses, ``!``, ``&&`` chains, calls) an expression may have here."""
+MAX_REPEATS = 2
+"""Repeats (``*``, ``+``, ``{m,n}``) a ``matches()`` pattern may have here."""
+MAX_MATCH_TEXT = 64
+"""Characters of a string ``matches()`` is judged on here (a device attribute has at most 64)."""
+_SRE: Any = importlib.import_module("re._parser")  # the stdlib's pattern parser (no stubs)
 
 
 class Unsupported(Exception):  # noqa: N818 - a verdict, not a failure of ours
@@ -69,6 +87,12 @@ class _Parser:
     def __init__(self, text: str) -> None:
         self.toks = _tokens(text)
         self.i = 0
+        self.depth = 0
+
+    def deeper(self) -> None:
+        self.depth += 1
+        if self.depth > MAX_NESTING:
+            raise Unsupported(f"the expression nests deeper than {MAX_NESTING} levels")
 
     def peek(self) -> str:
         return self.toks[self.i][1] if self.i < len(self.toks) else ""
@@ -89,12 +113,14 @@ class _Parser:
         return node
 
     def ternary(self) -> Node:
+        self.deeper()
         cond = self.binary(0)
         if self.peek() == "?":
             self.take()
             yes = self.ternary()
             self.take(":")
-            return ("?", cond, yes, self.ternary())
+            cond = ("?", cond, yes, self.ternary())
+        self.depth -= 1
         return cond
 
     _LEVELS = (("||",), ("&&",), ("==", "!=", "<", "<=", ">", ">=", "in"))
@@ -111,7 +137,10 @@ class _Parser:
     def unary(self) -> Node:
         if self.peek() == "!":
             self.take()
-            return ("!", self.unary())
+            self.deeper()
+            node = ("!", self.unary())
+            self.depth -= 1
+            return node
         return self.postfix(self.primary())
 
     def postfix(self, node: Node) -> Node:
@@ -168,8 +197,60 @@ class _Parser:
 
 
 def parse(expression: str) -> Node:
-    """The expression's syntax tree; ``Unsupported`` when it is not in our subset."""
-    return _Parser(expression).parse()
+    """The expression's syntax tree; ``Unsupported`` when it is not in our subset or nests
+    deeper than ``MAX_NESTING`` (a chain of 1,000 ``&&`` parses flat but nests as deep)."""
+    node = _Parser(expression).parse()
+    stack: list[tuple[Any, int]] = [(node, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_NESTING:
+            raise Unsupported(f"the expression nests deeper than {MAX_NESTING} levels")
+        children = item[1:] if isinstance(item, tuple) else item
+        for child in children:
+            if isinstance(child, tuple | list):
+                stack.append((child, depth + 1))
+    return node
+
+
+def _check_pattern(pattern: str, text: str) -> None:
+    """``Unsupported`` unless ``re`` matches ``pattern`` on ``text`` in bounded time."""
+    if len(text) > MAX_MATCH_TEXT:
+        raise Unsupported(f"matches() on a string longer than {MAX_MATCH_TEXT} characters")
+    try:
+        tree = _SRE.parse(pattern)
+    except re.error:
+        return  # re.search raises it again: an evaluation error
+    repeats = 0
+    stack: list[tuple[Any, bool]] = [(tree, False)]
+    while stack:
+        items, repeated = stack.pop()
+        for op, arg in items:
+            name = str(op)
+            if name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+                if arg[1] > 1:
+                    if repeated:
+                        raise Unsupported(f"matches({pattern!r:.64}): a repeat inside a repeat")
+                    repeats += 1
+                stack.append((arg[2], repeated or arg[1] > 1))
+            elif name == "BRANCH":
+                if repeated:
+                    raise Unsupported(f"matches({pattern!r:.64}): an alternation in a repeat")
+                stack.extend((alternative, False) for alternative in arg[1])
+            elif name == "SUBPATTERN":
+                stack.append((arg[3], repeated))
+            elif name in ("ASSERT", "ASSERT_NOT"):
+                stack.append((arg[1], repeated))
+            elif name == "ATOMIC_GROUP":
+                stack.append((arg, repeated))
+            elif name in ("GROUPREF", "GROUPREF_EXISTS"):
+                raise Unsupported(f"matches({pattern!r:.64}): a back-reference")
+    if repeats > MAX_REPEATS:
+        raise Unsupported(f"matches({pattern!r:.64}): more than {MAX_REPEATS} repeats")
+
+
+def _matches(text: Any, pattern: Any) -> bool:
+    _check_pattern(str(pattern), str(text))
+    return re.search(pattern, str(text)) is not None
 
 
 def clauses(node: Node) -> list[Node]:
@@ -258,7 +339,7 @@ _METHODS: dict[str, Callable[..., Any]] = {
     "startsWith": lambda a, b: str(a).startswith(b),
     "endsWith": lambda a, b: str(a).endswith(b),
     "contains": lambda a, b: b in str(a),
-    "matches": lambda a, b: re.search(b, str(a)) is not None,
+    "matches": _matches,
     "lowerAscii": lambda a: str(a).lower(),
     "upperAscii": lambda a: str(a).upper(),
     "size": len,

@@ -4,6 +4,10 @@ A reviewer is a function from the request to a ``Decision``; this module does th
 it echoes the request's ``uid``, encodes a JSON patch, turns a reviewer's exception into a denial
 (or an allowance, for reviewers that must never block) with the reason, and records the
 outcome in metrics. Reviewers stay free of HTTP and of the envelope's details.
+
+The review is decoded with ``gpuslice_core.untrusted.loads``: an object nested deeper than
+200 levels (a claim whose opaque parameters nest 1,500 levels) is denied with that reason
+without reaching a reviewer, since nothing in gpuslice could read it afterwards either.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 
 from prometheus_client import Counter, Histogram
 
+from gpuslice_core import untrusted
 from gpuslice_core.logging import get_logger
 
 log = get_logger(__name__)
@@ -61,30 +66,44 @@ class BadReviewError(ValueError):
     """The body is not an AdmissionReview this server can answer (HTTP 400)."""
 
 
-def parse(body: bytes) -> Request:
+def parse(body: bytes) -> tuple[Request, str]:
+    """The review's request, and why its objects cannot be decoded ("" when they can: then
+    the request is whole; otherwise it holds only its top-level fields, ``uid`` among them)."""
+    problem = ""
     try:
-        review = json.loads(body)
-    except ValueError as exc:
-        raise BadReviewError(f"body is not JSON: {exc}") from exc
+        review = untrusted.loads(body)
+    except untrusted.UndecodableError as exc:
+        problem = str(exc)
+        try:  # uid, kind, namespace, name and operation are all near the top
+            review = untrusted.loads(untrusted.prune(body, 3))
+        except untrusted.UndecodableError:
+            raise BadReviewError(f"body is not JSON: {exc}") from exc
     if not isinstance(review, dict) or review.get("kind") != "AdmissionReview":
         raise BadReviewError("body is not an AdmissionReview")
     if review.get("apiVersion") != "admission.k8s.io/v1":
         raise BadReviewError(
-            f"AdmissionReview {review.get('apiVersion')!r} is not served; "
+            f"AdmissionReview {untrusted.shown(review.get('apiVersion'))} is not served; "
             "set admissionReviewVersions: [v1]"
         )
     request = review.get("request")
     if not isinstance(request, dict) or not request.get("uid"):
         raise BadReviewError("AdmissionReview has no request.uid")
-    return request
+    return request, problem
 
 
 def answer(webhook: str, body: bytes, reviewer: Reviewer) -> bytes:
     """The response body for an AdmissionReview ``body``; raises ``BadReviewError``."""
     start = time.perf_counter()
-    request = parse(body)
+    request, problem = parse(body)
     try:
-        decision = reviewer(request)
+        if problem:
+            what = str((request.get("kind") or {}).get("kind") or "object")
+            decision = Decision.deny(
+                f"gpuslice-controller cannot decode this {what}: {problem}; no gpuslice "
+                "component could read it"
+            )
+        else:
+            decision = reviewer(request)
         result = "patched" if decision.patch else ("allowed" if decision.allowed else "denied")
     except Exception as exc:  # a bug must answer, not hang the API server's call
         log.exception("reviewer failed", webhook=webhook, uid=request["uid"])
@@ -109,7 +128,8 @@ def answer(webhook: str, body: bytes, reviewer: Reviewer) -> bytes:
         kind=kind.get("kind"),
         version=kind.get("version"),
         namespace=request.get("namespace"),
-        name=request.get("name") or (request.get("object") or {}).get("metadata", {}).get("name"),
+        name=request.get("name")
+        or ((request.get("object") or {}).get("metadata") or {}).get("name"),
         operation=request.get("operation"),
         result=result,
         message=decision.message or None,

@@ -30,6 +30,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from gpuslice_core.errors import FailedPreconditionError, InvalidArgumentError
+from gpuslice_core.untrusted import listed
 from gpuslice_device_plugin.devices import Device, Resource
 from gpuslice_device_plugin.health import HealthTracker
 from gpuslice_nvml import Nvml, NvmlError, TopologyLevel
@@ -87,17 +88,21 @@ class Topology:
 
 
 def check_request(resource: Resource, ids: Sequence[str], health: HealthTracker) -> list[Device]:
-    """The devices behind ``ids``; raises naming unknown or unhealthy IDs."""
+    """The devices behind ``ids``; raises naming unknown or unhealthy IDs (the first few and
+    how many: the message goes into a gRPC trailer, which a default client takes up to 8 KB
+    of)."""
     by_id = {d.id: d for d in resource.devices}
     if not ids:
         raise InvalidArgumentError(f"{resource.name}: the request names no devices")
     unknown = [i for i in ids if i not in by_id]
     if unknown:
-        raise UnknownDeviceError(f"{resource.name}: unknown device IDs: {', '.join(unknown)}")
+        raise UnknownDeviceError(f"{resource.name}: unknown device IDs: {listed(unknown)}")
     devices = [by_id[i] for i in ids]
     sick = [f"{d.id} ({'; '.join(health.reasons(d))})" for d in devices if not health.healthy(d)]
     if sick:
-        raise UnhealthyDeviceError(f"{resource.name}: unhealthy device IDs: {', '.join(sick)}")
+        raise UnhealthyDeviceError(
+            f"{resource.name}: unhealthy device IDs: {listed(sick, width=200)}"
+        )
     if resource.replicas > 1 and resource.fail_requests_greater_than_one and len(ids) > 1:
         raise InvalidArgumentError(
             f"{resource.name}: request for {len(ids)} shared devices refused:"

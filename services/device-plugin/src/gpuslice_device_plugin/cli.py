@@ -90,8 +90,8 @@ def build_parser() -> EnvArgumentParser:
         env="DEVICE_PLUGINS_DIR",
         default=DEFAULT_DIR,
         help=(
-            "The kubelet's device-plugins directory: kubelet.sock is there, and this plugin"
-            " puts its sockets there."
+            "The kubelet's device-plugins directory, an absolute path: kubelet.sock is there,"
+            " and this plugin puts its sockets there."
         ),
     )
     p.add_flag(
@@ -257,8 +257,26 @@ def _node(args: argparse.Namespace) -> KubeNode | None:
     return KubeNode(RawApi(api, deadline=30), args.node_name)
 
 
+#: Flags that name unix sockets or their directory: gRPC takes ``unix://`` + an absolute path
+#: only (a relative one fails to bind or connect deep inside the plugin).
+SOCKET_FLAGS = ("device_plugins_dir", "enforcer_socket", "pod_resources_socket")
+
+
+def _check_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    for dest in SOCKET_FLAGS:
+        value = getattr(args, dest)
+        if value and not Path(value).is_absolute():
+            flag = "--" + dest.replace("_", "-")
+            parser.error(
+                f"{flag}: {value!r} is a relative path; give an absolute one (default of "
+                f"--device-plugins-dir: {DEFAULT_DIR})"
+            )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check_paths(parser, args)
     if args.probe:
         return probe(Path(args.device_plugins_dir))
     configure(component="device-plugin", level=args.log_level)

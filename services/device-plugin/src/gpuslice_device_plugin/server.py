@@ -7,7 +7,9 @@ differ: the kubelet restarted and removed every socket in the directory) every s
 started again on a fresh socket and registered again — well within a second. A socket of
 ours that vanished is served and registered again too. A Register that fails is retried with
 backoff up to 5 s. Stop ends the ListAndWatch streams and removes only our own sockets (an
-inode check keeps a successor's socket in place).
+inode check keeps a successor's socket in place). Streams (ListAndWatch, Health/Watch) are
+capped per server and have threads of their own, so held streams never starve Allocate
+(``streamcap``).
 
 A new configuration (:meth:`PluginManager.update`, the live reload) restarts and registers
 again only the resources whose device list changed, starts new ones and stops the ones that
@@ -32,6 +34,7 @@ from gpuslice_device_plugin.health import HealthTracker
 from gpuslice_device_plugin.metrics import Metrics
 from gpuslice_device_plugin.mps import ReplicaShare
 from gpuslice_device_plugin.servicer import OPTIONS, DevicePluginServicer
+from gpuslice_device_plugin.streamcap import StreamCap, pool_size
 from gpuslice_protos.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from gpuslice_protos.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 
@@ -42,6 +45,12 @@ API_VERSION = "v1beta1"
 SERVICE = "v1beta1.DevicePlugin"
 WATCH_INTERVAL = 0.1
 RETRY_MAX = 5.0
+STREAM_CAP = 4
+"""Open streams per method and server (ListAndWatch, Health/Watch); the kubelet needs one."""
+UNARY_WORKERS = 8
+"""Threads left for unary calls (Allocate, GetPreferredAllocation, ...) when every stream is
+open."""
+STREAMING_METHODS = 2  # v1beta1.DevicePlugin/ListAndWatch, grpc.health.v1.Health/Watch
 
 
 def _identity(path: Path) -> tuple[int, int, int] | None:
@@ -129,7 +138,10 @@ class PluginManager:
         self._stop_server(ep, grace=0.5)
         servicer = self._servicer(ep.resource)
         server = UnixGrpcServer(
-            [self.socket(ep.resource)], name=f"dp-{ep.resource.socket_name}", max_workers=8
+            [self.socket(ep.resource)],
+            name=f"dp-{ep.resource.socket_name}",
+            max_workers=pool_size(UNARY_WORKERS, STREAM_CAP, STREAMING_METHODS),
+            interceptors=[StreamCap(STREAM_CAP)],
         )
         server.add(pb_grpc.add_DevicePluginServicer_to_server, servicer, SERVICE)
         server.start()

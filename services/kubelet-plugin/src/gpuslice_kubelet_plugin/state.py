@@ -31,7 +31,8 @@ import structlog
 from gpuslice_core.errors import GpusliceError
 from gpuslice_core.journal import Txn
 from gpuslice_core.logging import get_logger
-from gpuslice_kube.errors import KubeNotFoundError
+from gpuslice_core.untrusted import MAX_DEPTH
+from gpuslice_kube.errors import KubeNotFoundError, UndecodableObjectError
 from gpuslice_kube.raw import Obj
 from gpuslice_kubelet_plugin.cdispecs import CdiWriter
 from gpuslice_kubelet_plugin.checkpoint import (
@@ -233,6 +234,12 @@ class DeviceState:
             return self.read_claim(ref)
         except KubeNotFoundError as exc:
             raise ClaimError("NotFound", f"ResourceClaim {ref} does not exist") from exc
+        except UndecodableObjectError as exc:
+            raise ClaimError(
+                "Undecodable",
+                f"ResourceClaim {ref} cannot be decoded: {exc.problem}; gpuslice reads no claim "
+                f"nested deeper than {MAX_DEPTH} levels or holding numbers out of range",
+            ) from exc
         except GpusliceError as exc:
             raise ClaimError("ApiError", f"reading ResourceClaim {ref}: {exc}") from exc
 
