@@ -85,10 +85,34 @@ def send(kube: RawApi, method: str, path: str, body: bytes, content_type: str) -
     return int(response.status), response.data.decode(errors="replace")
 
 
+#: Hostile claims of the running test, deleted after it (``_delete_hostile_claims``).
+_CREATED: list[tuple[RawApi, str, str]] = []
+
+
 def create_hostile(kube: RawApi, namespace: str, name: str, text: str) -> None:
     path = resource_path(GV, "resourceclaims", namespace=namespace)
     status, body = send(kube, "POST", path, text.encode(), "application/json")
     assert status == 201, body[:500]
+    _CREATED.append((kube, namespace, name))
+
+
+@pytest.fixture(autouse=True)
+def _delete_hostile_claims() -> Iterator[None]:
+    """Delete every hostile claim a test made and wait until it is gone: a namespace's deletion
+    is asynchronous, and a claim left behind would be in every later test's cluster-wide list
+    (kubectl gpuslice, for one, then warns that it skipped it)."""
+    yield
+    while _CREATED:
+        kube, namespace, name = _CREATED.pop()
+        path = resource_path(GV, "resourceclaims", namespace=namespace, name=name)
+        patch = json.dumps({"metadata": {"finalizers": None}}).encode()
+        send(kube, "PATCH", path, patch, "application/merge-patch+json")
+        send(kube, "DELETE", path, b"{}", "application/json")
+
+        def gone(kube: RawApi = kube, path: str = path) -> bool:
+            return send(kube, "GET", path, b"", "application/json")[0] == 404
+
+        wait_for(gone, 30, f"{namespace}/{name} deleted")
 
 
 def allocate_hostile(kube: RawApi, namespace: str, name: str, results: list[Obj]) -> None:

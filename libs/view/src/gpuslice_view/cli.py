@@ -28,6 +28,7 @@ import yaml
 from kubernetes import config as kubeconfig_loader
 from kubernetes.client import ApiClient
 
+from gpuslice_core import logging as gslog
 from gpuslice_core.errors import GpusliceError, NotFoundError
 from gpuslice_kube.client import new_api_client
 from gpuslice_kube.raw import RawApi
@@ -208,6 +209,9 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     args.output = getattr(args, "output", None) or "table"
+    # What the libraries log (e.g. an object in the cluster that cannot be decoded is skipped)
+    # goes to stderr as text: stdout is the answer, and may be JSON another program reads.
+    gslog.configure(component="kubectl-gpuslice", level="warning", json=False, stream=sys.stderr)
     try:
         return run(args)
     except GpusliceError as exc:
