@@ -192,8 +192,10 @@ def ns(kube: RawApi, controller: Controller) -> Iterator[str]:
     # allocated on the module's node, and the next test (six 30 % shares on two L4s fill it
     # exactly) would find it full.
     wait_for(
-        lambda: not kube.list(resource_path("v1", "pods", namespace=name))["items"]
-        and not kube.list(resource_path(RESOURCE, "resourceclaims", namespace=name))["items"],
+        lambda: (
+            not kube.list(resource_path("v1", "pods", namespace=name))["items"]
+            and not kube.list(resource_path(RESOURCE, "resourceclaims", namespace=name))["items"]
+        ),
         90,
         f"namespace {name}'s pods and claims to be gone",
     )
