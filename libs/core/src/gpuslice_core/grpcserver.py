@@ -19,6 +19,7 @@ import os
 import signal
 import stat
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent import futures
 from pathlib import Path
@@ -97,35 +98,52 @@ class ErrorInterceptor(grpc.ServerInterceptor):
 
 
 class StreamBudget(grpc.ServerInterceptor):
-    """At most ``cap`` streaming calls at once; one more is refused with RESOURCE_EXHAUSTED."""
+    """At most ``cap`` streaming calls at once — in all, or with ``per_method`` for each
+    streaming method — and one more is refused with RESOURCE_EXHAUSTED, naming the cap."""
 
-    def __init__(self, cap: int, server: str) -> None:
+    def __init__(self, cap: int, server: str, *, per_method: bool = False) -> None:
         if cap < 1:
             raise ValueError(f"max_streams must be at least 1, got {cap}")
         self.cap = cap
         self.server = server
-        self._open = 0
+        self.per_method = per_method
+        self._open: Counter[str] = Counter()
         self._lock = threading.Lock()
 
     @property
     def open(self) -> int:
-        return self._open
+        with self._lock:
+            return sum(self._open.values())
+
+    def open_streams(self, method: str) -> int:
+        with self._lock:
+            return self._open[self._key(method)]
+
+    def _key(self, method: str) -> str:
+        return method if self.per_method else ""
 
     def _enter(self, context: grpc.ServicerContext, method: str) -> None:
+        key = self._key(method)
         with self._lock:
-            if self._open < self.cap:
-                self._open += 1
+            if self._open[key] < self.cap:
+                self._open[key] += 1
                 return
         log.info("stream refused", method=method, cap=self.cap)
-        context.abort(
-            grpc.StatusCode.RESOURCE_EXHAUSTED,
-            f"{self.server}: {self.cap} streams are open, the most it serves at once "
-            f"(max_streams={self.cap}); close one or retry later",
-        )
+        if self.per_method:
+            message = (
+                f"{self.server}: it serves at most {self.cap} streams of {method} at once, and "
+                f"that many are open (max_streams={self.cap} per method); close one or retry later"
+            )
+        else:
+            message = (
+                f"{self.server}: {self.cap} streams are open, the most it serves at once "
+                f"(max_streams={self.cap}); close one or retry later"
+            )
+        context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
 
-    def _leave(self) -> None:
+    def _leave(self, method: str) -> None:
         with self._lock:
-            self._open -= 1
+            self._open[self._key(method)] -= 1
 
     def intercept_service(
         self,
@@ -143,7 +161,7 @@ class StreamBudget(grpc.ServerInterceptor):
             try:
                 yield from inner(request, context)
             finally:
-                self._leave()
+                self._leave(method)
 
         return grpc.unary_stream_rpc_method_handler(
             unary_stream,
@@ -184,27 +202,34 @@ class UnixGrpcServer:
         name: str,
         max_workers: int = 8,
         max_streams: int | None = None,
+        stream_methods: int = 0,
         socket_mode: int | None = None,
         dir_mode: int | None = None,
         interceptors: Iterable[grpc.ServerInterceptor] = (),
     ) -> None:
         """``max_workers`` threads serve unary calls; with ``max_streams``, that many more serve
-        streams and a stream past them is refused (``StreamBudget``); without it streams share
-        the ``max_workers`` threads. ``socket_mode``: the sockets' mode; ``dir_mode``: the mode
-        of socket directories this server creates (existing ones are left as they are); None
-        leaves either to the umask."""
+        streams and a stream past them is refused (``StreamBudget``); with ``stream_methods``
+        too, the budget is per streaming method (that many of them, each with ``max_streams``
+        threads); without it streams share the ``max_workers`` threads. ``socket_mode``: the
+        sockets' mode; ``dir_mode``: the mode of socket directories this server creates
+        (existing ones are left as they are); None leaves either to the umask."""
         if not sockets:
             raise ValueError("UnixGrpcServer needs at least one socket path")
         self.sockets = [Path(s) for s in sockets]
         self.name = name
         self.health = health.HealthServicer()
-        self.streams = StreamBudget(max_streams, name) if max_streams is not None else None
+        self.streams = (
+            StreamBudget(max_streams, name, per_method=stream_methods > 0)
+            if max_streams is not None
+            else None
+        )
+        stream_threads = (max_streams or 0) * max(1, stream_methods)
         self._socket_mode = socket_mode
         self._dir_mode = dir_mode
         budget = [self.streams] if self.streams is not None else []
         self._server = grpc.server(
             futures.ThreadPoolExecutor(
-                max_workers=max_workers + (max_streams or 0), thread_name_prefix=name
+                max_workers=max_workers + stream_threads, thread_name_prefix=name
             ),
             interceptors=[ErrorInterceptor(), *budget, *interceptors],
             options=[("grpc.so_reuseport", 0)],

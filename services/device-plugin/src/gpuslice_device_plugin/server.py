@@ -9,7 +9,7 @@ ours that vanished is served and registered again too. A Register that fails is 
 backoff up to 5 s. Stop ends the ListAndWatch streams and removes only our own sockets (an
 inode check keeps a successor's socket in place). Streams (ListAndWatch, Health/Watch) are
 capped per server and have threads of their own, so held streams never starve Allocate
-(``streamcap``).
+(``UnixGrpcServer``'s per-method stream budget).
 
 A new configuration (:meth:`PluginManager.update`, the live reload) restarts and registers
 again only the resources whose device list changed, starts new ones and stops the ones that
@@ -34,7 +34,6 @@ from gpuslice_device_plugin.health import HealthTracker
 from gpuslice_device_plugin.metrics import Metrics
 from gpuslice_device_plugin.mps import ReplicaShare
 from gpuslice_device_plugin.servicer import OPTIONS, DevicePluginServicer
-from gpuslice_device_plugin.streamcap import StreamCap, pool_size
 from gpuslice_protos.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from gpuslice_protos.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 
@@ -140,8 +139,9 @@ class PluginManager:
         server = UnixGrpcServer(
             [self.socket(ep.resource)],
             name=f"dp-{ep.resource.socket_name}",
-            max_workers=pool_size(UNARY_WORKERS, STREAM_CAP, STREAMING_METHODS),
-            interceptors=[StreamCap(STREAM_CAP)],
+            max_workers=UNARY_WORKERS,
+            max_streams=STREAM_CAP,
+            stream_methods=STREAMING_METHODS,
         )
         server.add(pb_grpc.add_DevicePluginServicer_to_server, servicer, SERVICE)
         server.start()
