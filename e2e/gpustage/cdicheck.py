@@ -58,6 +58,7 @@ from gpuslice_kubelet_plugin.claims import ClaimRef, parse_claim
 from gpuslice_kubelet_plugin.discovery import DRIVER, Device, Inventory, discover
 from gpuslice_kubelet_plugin.enforcer import ShareGrant
 from gpuslice_kubelet_plugin.plan import make_plan
+from gpuslice_kubelet_plugin.state import record_grant
 from gpuslice_kubelet_plugin.testing.dra import result as allocation_result
 from gpuslice_nvml import GpuInfo, Nvml
 
@@ -251,16 +252,7 @@ def _record(
     if edits is not None:
         if plan.share is None:
             raise AssertionError(f"the plugin planned no share for {ref} ({allocated})")
-        grant = _grant(edits, share_id=f"gpustage-{device.name}")
-        record.enforcement = grant.level
-        record.enforcement_reason = grant.reason
-        record.enforcer_share_id = grant.share_id
-        record.memory_mechanism = grant.memory_mechanism
-        record.cores_mechanism = grant.cores_mechanism
-        if not grant.edits.is_empty():
-            record.enforcer_edits = grant.edits.model_dump(
-                mode="json", by_alias=True, exclude_defaults=True
-            )
+        record_grant(record, _grant(edits, share_id=f"gpustage-{device.name}"))
     return record
 
 

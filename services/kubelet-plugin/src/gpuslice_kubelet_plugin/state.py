@@ -43,7 +43,7 @@ from gpuslice_kubelet_plugin.checkpoint import (
 )
 from gpuslice_kubelet_plugin.claims import ClaimError, ClaimRef, claim_error, parse_claim
 from gpuslice_kubelet_plugin.discovery import Inventory
-from gpuslice_kubelet_plugin.enforcer import Enforcer
+from gpuslice_kubelet_plugin.enforcer import Enforcer, ShareGrant
 from gpuslice_kubelet_plugin.metrics import PluginMetrics
 from gpuslice_kubelet_plugin.migclient import MigInstance, MigManager, owner_for
 from gpuslice_kubelet_plugin.plan import Plan, check_overlap, make_plan
@@ -298,15 +298,7 @@ class DeviceState:
         record.enforcement = "mig" if kinds == {"mig"} else "exclusive"
         if plan.share is not None:
             grant = self.enforcer.create_share(plan.share)
-            record.enforcement = grant.level
-            record.enforcement_reason = grant.reason
-            record.enforcer_share_id = grant.share_id
-            record.memory_mechanism = grant.memory_mechanism
-            record.cores_mechanism = grant.cores_mechanism
-            if not grant.edits.is_empty():
-                record.enforcer_edits = grant.edits.model_dump(
-                    mode="json", by_alias=True, exclude_defaults=True
-                )
+            record_grant(record, grant)
             if grant.level == "none":
                 log.info("share is accounted, not enforced", reason=grant.reason)
         ids = self.cdi.write(record, self._minors())
@@ -482,3 +474,17 @@ class DeviceState:
                 log.warning("destroying an orphaned MIG instance", claim_uid=uid, mig=inst.mig_uuid)
                 self.mig.destroy(inst.gpu_uuid, inst.gpu_instance_id, inst.owner)
                 self.metrics.recovered.labels(action="orphan_mig").inc()
+
+
+def record_grant(record: ClaimRecord, grant: ShareGrant) -> None:
+    """Write what the enforcer granted for the claim's share into its record (the CDI spec's
+    edits and variables come from there)."""
+    record.enforcement = grant.level
+    record.enforcement_reason = grant.reason
+    record.enforcer_share_id = grant.share_id
+    record.memory_mechanism = grant.memory_mechanism
+    record.cores_mechanism = grant.cores_mechanism
+    if not grant.edits.is_empty():
+        record.enforcer_edits = grant.edits.model_dump(
+            mode="json", by_alias=True, exclude_defaults=True
+        )
