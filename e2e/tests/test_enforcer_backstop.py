@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import os
 import queue
-import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import grpc
 import pytest
 
 from e2e.sandbox.procs import free_port
+from gpuslice_core.testing import wait_for
 from gpuslice_enforcer.testing import (
     Cgroups,
     EnforcerProcess,
@@ -26,11 +25,11 @@ from gpuslice_enforcer.testing import (
     run_hook,
     share_request,
     short_tempdir,
+    watch_violations,
 )
 from gpuslice_nvml.fake import FakeNvml, FakeNvmlControl
 from gpuslice_nvml.types import ComputeMode
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
-from gpuslice_protos.gpuslice.v1.enforcer_pb2_grpc import EnforcerStub
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root for cgroups and the freezer"),
@@ -97,21 +96,6 @@ def enforcer(node: Path, workdir: Path) -> Iterator[Callable[..., EnforcerProces
         started[-1].stop_mps_daemons()
 
 
-def _watch(channel: grpc.Channel) -> tuple[queue.Queue[pb.Violation], Callable[[], object]]:
-    got: queue.Queue[pb.Violation] = queue.Queue()
-    call = EnforcerStub(channel).WatchViolations(pb.WatchViolationsRequest())
-
-    def pump() -> None:
-        try:
-            for violation in call:
-                got.put(violation)
-        except grpc.RpcError:
-            pass
-
-    threading.Thread(target=pump, daemon=True).start()
-    return got, call.cancel
-
-
 def _next(violations: queue.Queue[pb.Violation], action: int, timeout: float = 5.0) -> pb.Violation:
     deadline = time.monotonic() + timeout
     while True:
@@ -127,15 +111,6 @@ def _container(reply: pb.CreateShareResponse, workload: Workload, container_id: 
 
 def _daemon_gone(pipe: Path, pid: int) -> bool:
     return not (pipe / PID_FILE).exists() and not Path(f"/proc/{pid}").exists()
-
-
-def _wait(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
 
 
 @pytest.mark.timeout(60)
@@ -179,7 +154,7 @@ def test_exclusive_compute_mode_while_mps_shares_exist_and_restored_after(
     with proc.channel() as channel:
         proc.stub(channel).ReleaseShare(pb.ReleaseShareRequest(claim_uid="uid-x"))
     assert fake.compute_mode(0) is ComputeMode.DEFAULT  # the mode it found
-    assert _wait(lambda: _daemon_gone(pipe, daemon))  # no control daemon left
+    wait_for(lambda: _daemon_gone(pipe, daemon), 10, "no control daemon left")
 
 
 @pytest.mark.timeout(60)
@@ -207,7 +182,7 @@ def test_with_the_mode_left_alone_mps_is_soft_and_a_bypassing_process_is_throttl
             metrics = page.read().decode()
         assert 'gpuslice_enforcer_share_level{claim="claim-uid-b",claim_uid="uid-b"' in metrics
         assert 'level="soft",namespace="default"} 1.0' in metrics
-        violations, stop_watch = _watch(channel)
+        violations, stop_watch = watch_violations(channel)
 
         client = Workload(node, cgroup_dirs=cgroups.container(), mps_pipe_dir=pipe)
         workloads.append(client)
@@ -247,7 +222,7 @@ def test_a_bypassing_process_over_the_memory_limit_is_killed(
         reply = stub.CreateShare(
             share_request("uid-m", fake.gpu(0).uuid, cores=50, memory=256 * MIB)
         )
-        violations, stop_watch = _watch(channel)
+        violations, stop_watch = watch_violations(channel)
         bypass = Workload(node, memory=200 * MIB, cgroup_dirs=cgroups.container())
         workloads.append(bypass)
         _container(reply, bypass, "ctr-bypass")
@@ -277,5 +252,5 @@ def test_an_mps_daemon_the_checkpoint_does_not_know_is_stopped_at_start(
     proc.stop()
     remove_tree(proc.state_dir)  # the checkpoint is lost: nothing will ever use that daemon
     proc = enforcer()
-    assert _wait(lambda: _daemon_gone(pipe, daemon))
+    wait_for(lambda: _daemon_gone(pipe, daemon), 10, "the orphan daemon to be stopped")
     assert "stopping an MPS daemon no share uses" in proc.tail(50000)

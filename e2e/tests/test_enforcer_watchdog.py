@@ -10,13 +10,10 @@ enforcer's own bookkeeping.
 from __future__ import annotations
 
 import os
-import queue
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import grpc
 import pytest
 
 from gpuslice_enforcer.testing import (
@@ -27,10 +24,10 @@ from gpuslice_enforcer.testing import (
     run_hook,
     share_request,
     short_tempdir,
+    watch_violations,
 )
 from gpuslice_nvml.fake import FakeNvml, FakeNvmlControl
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
-from gpuslice_protos.gpuslice.v1.enforcer_pb2_grpc import EnforcerStub
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root for cgroups and the freezer"),
@@ -102,22 +99,6 @@ def _attach(reply: pb.CreateShareResponse, workload: Workload, container_id: str
     run_hook(hook, container_id, workload.pid)
 
 
-def _watch(channel: grpc.Channel) -> tuple[queue.Queue[pb.Violation], Callable[[], object]]:
-    """Collect WatchViolations in a thread; returns the queue and a stop function."""
-    got: queue.Queue[pb.Violation] = queue.Queue()
-    call = EnforcerStub(channel).WatchViolations(pb.WatchViolationsRequest())
-
-    def pump() -> None:
-        try:
-            for violation in call:
-                got.put(violation)
-        except grpc.RpcError:
-            pass
-
-    threading.Thread(target=pump, daemon=True).start()
-    return got, call.cancel
-
-
 @pytest.mark.timeout(40)
 def test_sm_use_of_80_against_30_converges_to_30(
     node: Path,
@@ -133,7 +114,7 @@ def test_sm_use_of_80_against_30_converges_to_30(
             share_request("uid-sm", fake.gpu(0).uuid, cores=30, mode=pb.ENFORCEMENT_MODE_SOFT)
         )
         assert [lim.mechanism for lim in reply.limits] == [pb.MECHANISM_WATCHDOG] * 2
-        violations, stop_watch = _watch(channel)
+        violations, stop_watch = watch_violations(channel)
         workload = Workload(node, sm=80, cgroup_dirs=cgroups.container())
         workloads.append(workload)
         _attach(reply, workload, "ctr-sm")
@@ -206,7 +187,7 @@ def test_watchdog_kills_a_process_over_its_memory_limit_within_two_periods(
         )
         assert reply.limits[0].mechanism == pb.MECHANISM_WATCHDOG
         assert "615" in reply.limits[0].reason  # says why there is no partitioning
-        violations, stop_watch = _watch(channel)
+        violations, stop_watch = watch_violations(channel)
         workload = Workload(node, memory=200 * MIB, cgroup_dirs=cgroups.container())
         workloads.append(workload)
         _attach(reply, workload, "ctr-mem")
@@ -317,7 +298,7 @@ def test_an_nvml_error_kills_nothing_and_report_mode_only_reports(
     with proc.channel() as channel:
         stub = proc.stub(channel)
         reply = stub.CreateShare(share_request("uid-rep", fake.gpu(0).uuid, memory=64 * MIB))
-        violations, stop_watch = _watch(channel)
+        violations, stop_watch = watch_violations(channel)
         over = Workload(node, memory=128 * MIB, cgroup_dirs=cgroups.container())
         workloads.append(over)
         _attach(reply, over, "ctr-rep")

@@ -10,13 +10,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import secrets
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import grpc
@@ -292,3 +294,21 @@ class HookFailedError(Exception):
         super().__init__(f"hook exited with {code}: {stderr.strip()}")
         self.code = code
         self.stderr = stderr
+
+
+def watch_violations(
+    channel: grpc.Channel,
+) -> tuple[queue.Queue[pb.Violation], Callable[[], object]]:
+    """Collect ``WatchViolations`` in a thread; returns the queue and a function that stops."""
+    got: queue.Queue[pb.Violation] = queue.Queue()
+    call = pb_grpc.EnforcerStub(channel).WatchViolations(pb.WatchViolationsRequest())
+
+    def pump() -> None:
+        try:
+            for violation in call:
+                got.put(violation)
+        except grpc.RpcError:
+            pass
+
+    threading.Thread(target=pump, daemon=True).start()
+    return got, call.cancel
