@@ -158,7 +158,7 @@ def test_exclusive_compute_mode_while_mps_shares_exist_and_restored_after(
 
 
 @pytest.mark.timeout(60)
-def test_with_the_mode_left_alone_mps_is_soft_and_a_bypassing_process_is_throttled(
+def test_with_the_mode_left_alone_mps_is_soft_and_a_bypassing_process_is_killed(
     node: Path,
     enforcer: Callable[..., EnforcerProcess],
     cgroups: Cgroups,
@@ -184,28 +184,33 @@ def test_with_the_mode_left_alone_mps_is_soft_and_a_bypassing_process_is_throttl
         assert 'level="soft",namespace="default"} 1.0' in metrics
         violations, stop_watch = watch_violations(channel)
 
-        client = Workload(node, cgroup_dirs=cgroups.container(), mps_pipe_dir=pipe)
+        # The legitimate client and the bypasser share one container (one cgroup): freezing
+        # it would hold the client too, so the bypasser alone is killed.
+        container = cgroups.container()
+        client = Workload(node, sm=30, cgroup_dirs=container, mps_pipe_dir=pipe)
         workloads.append(client)
         _container(reply, client, "ctr-client")
-        bypass = Workload(node, sm=80, cgroup_dirs=cgroups.container())  # no pipe directory
+        bypass = Workload(node, sm=80)  # no pipe directory; joins the container once ready
         workloads.append(bypass)
-        _container(reply, bypass, "ctr-bypass")
+        for directory in container:
+            (directory / "cgroup.procs").write_text(str(bypass.pid))
         ready = time.monotonic()
-        throttled = _next(violations, pb.ACTION_THROTTLED)
+        bypass.proc.wait(timeout=5)
         reaction = time.monotonic() - ready
+        killed = _next(violations, pb.ACTION_KILLED)
         reported = stub.GetUsage(pb.GetUsageRequest(claim_uid="uid-b")).shares[0]
-        before = FakeNvmlControl.from_config_file(node).sm_accounting(bypass.pid)
-        time.sleep(3)
-        after = FakeNvmlControl.from_config_file(node).sm_accounting(bypass.pid)
+        before = FakeNvmlControl.from_config_file(node).sm_accounting(client.pid)
+        time.sleep(1)
+        after = FakeNvmlControl.from_config_file(node).sm_accounting(client.pid)
         stop_watch()
-    share = (after.busy_seconds - before.busy_seconds) / (after.wall_seconds - before.wall_seconds)
-    print(f"bypass frozen {reaction * 1000:.0f} ms after it started; then {share * 100:.1f} % SM")
+    print(f"bypass killed {reaction * 1000:.0f} ms after it started")
+    assert bypass.proc.returncode == -9
     assert reaction <= 0.2 + 0.1  # two sampling periods (+ slack on a busy machine)
-    assert "not a client of the MPS server" in throttled.message
-    assert throttled.mechanism == pb.MECHANISM_WATCHDOG
-    assert 0.22 <= share <= 0.38  # held at its 30 % by freezing, not left at 80 %
-    assert reported.devices[0].violations >= 1
+    assert "not a client of the MPS server" in killed.message and killed.pid == bypass.pid
+    assert killed.mechanism == pb.MECHANISM_WATCHDOG
+    assert reported.devices[0].violations >= 1 and reported.devices[0].kills == 1
     assert client.alive()  # a legitimate client is never killed for another's bypass
+    assert after.frozen_seconds - before.frozen_seconds < 0.05  # nor frozen
 
 
 @pytest.mark.timeout(60)
@@ -216,7 +221,7 @@ def test_a_bypassing_process_over_the_memory_limit_is_killed(
     workloads: list[Workload],
 ) -> None:
     fake = FakeNvml.from_config_file(node)
-    proc = enforcer("--compute-mode=leave")
+    proc = enforcer("--compute-mode=leave", "--sm-action=report")  # kept alive for SM
     with proc.channel() as channel:
         stub = proc.stub(channel)
         reply = stub.CreateShare(

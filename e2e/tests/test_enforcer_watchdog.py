@@ -27,6 +27,7 @@ from gpuslice_enforcer.testing import (
     watch_violations,
 )
 from gpuslice_nvml.fake import FakeNvml, FakeNvmlControl
+from gpuslice_nvml.fake.timeslice import TimeSlicedGpu
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
 
 pytestmark = [
@@ -171,6 +172,39 @@ def test_sm_is_held_when_the_driver_samples_less_often_than_the_watchdog(
     assert 25.0 <= achieved * 100 <= 35.0
 
 
+@pytest.mark.timeout(40)
+def test_time_sliced_shares_of_30_and_70_get_30_and_70(
+    node: Path,
+    enforcer: Callable[..., EnforcerProcess],
+    cgroups: Cgroups,
+    workloads: list[Workload],
+) -> None:
+    """Two shares' processes with contexts of their own are time-sliced by the GPU, and NVML
+    reports each at its full demand (~99 % each on an H100, issue 26: the 30 % share got 13 %).
+    What each really got is measured by splitting the GPU between the runnable ones."""
+    proc = enforcer()
+    uuid = FakeNvml.from_config_file(node).gpu(0).uuid
+    with proc.channel() as channel:
+        stub = proc.stub(channel)
+        replies = {
+            limit: stub.CreateShare(
+                share_request(f"uid-{limit}", uuid, cores=limit, mode=pb.ENFORCEMENT_MODE_SOFT)
+            )
+            for limit in (30, 70)
+        }
+        running = {}
+        for limit, reply in replies.items():
+            running[limit] = Workload(node, sm=100, cgroup_dirs=cgroups.container())
+            workloads.append(running[limit])
+            _attach(reply, running[limit], f"ctr-{limit}")
+        time.sleep(1.5)  # the burst credits are spent
+        with TimeSlicedGpu({w.pid: 100 for w in running.values()}) as gpu:
+            time.sleep(8.0)
+    got = {limit: gpu.share(w.pid) * 100 for limit, w in running.items()}
+    print(f"time-sliced: 30 % share got {got[30]:.1f} %, 70 % share got {got[70]:.1f} %")
+    assert abs(got[30] - 30) <= 5 and abs(got[70] - 70) <= 5, got
+
+
 @pytest.mark.timeout(30)
 def test_watchdog_kills_a_process_over_its_memory_limit_within_two_periods(
     node: Path,
@@ -245,7 +279,9 @@ def test_other_claims_and_unknown_processes_are_never_touched(
         hog.proc.wait(timeout=5)
         time.sleep(0.5)
     frozen = {pid: end[pid].frozen_seconds - start[pid].frozen_seconds for pid in start}
-    assert frozen[hog.pid] > 0.8  # throttled
+    # Four contexts time-sliced: the hog gets 90/260 of the GPU unthrottled, 35 % against 20 %,
+    # so it is frozen about 40 % of the time once its burst credit is spent.
+    assert frozen[hog.pid] > 0.4  # throttled
     for other in (calm, stranger, loner):
         assert frozen[other.pid] < 0.1, f"pid {other.pid} was frozen for {frozen[other.pid]} s"
         assert other.alive()
@@ -276,14 +312,10 @@ def test_a_lone_work_conserving_share_is_not_throttled(
         rival = Workload(node, device="1", sm=70)
         workloads.append(rival)
         time.sleep(0.8)
-        contended_start = control.sm_accounting(lone.pid)
-        time.sleep(2.5)
-        contended = control.sm_accounting(lone.pid)
+        with TimeSlicedGpu({lone.pid: 80, rival.pid: 70}) as gpu:  # what each really gets
+            time.sleep(2.5)
     assert alone.frozen_seconds - first.frozen_seconds < 0.1
-    share = (contended.busy_seconds - contended_start.busy_seconds) / (
-        contended.wall_seconds - contended_start.wall_seconds
-    )
-    assert 0.2 <= share <= 0.4
+    assert 0.2 <= gpu.share(lone.pid) <= 0.4
 
 
 @pytest.mark.timeout(30)

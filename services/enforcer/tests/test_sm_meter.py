@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuslice_enforcer.watchdog import SmMeter
+from gpuslice_enforcer.smmeter import SmMeter
 from gpuslice_nvml import ProcessUtilization
 
 S = 1_000_000  # microseconds
@@ -55,10 +55,39 @@ def test_a_process_is_charged_one_driver_interval_at_most_per_sample() -> None:
     meter = SmMeter()
     last = steady(meter, 2.0)  # learns the 200 ms cadence
     assert meter.interval_us(0, 100_000) == 200_000
-    busy = meter.add(0, [sample(1, 5.0, 99), sample(2, 5.0, 80)], last, 0.1)
+    busy = meter.add(0, [sample(1, 5.0, 60), sample(2, 5.0, 30)], last, 0.1)
     cap = 0.2 * SmMeter.JITTER
-    assert abs(busy[1] - 99 * cap) < 1e-6
-    assert abs(busy[2] - 80 * cap) < 1e-6
+    assert abs(busy[1] - 60 * cap) < 1e-6
+    assert abs(busy[2] - 30 * cap) < 1e-6
+
+
+def test_time_sliced_contexts_listed_in_turn_are_charged_their_ticks() -> None:
+    """What an H100 (driver 580) gives for two busy contexts of their own: one process per
+    200 ms tick at 99 %, in proportion to the time each got. Each is charged the ticks that
+    list it, not the time since its own previous sample (which charged 1.5x here)."""
+    meter = SmMeter()
+    meter.add(0, [sample(1, 0.0, 99)], None, 0.1)
+    charged = {1: 0.0, 2: 0.0}
+    last = 0
+    for tick in range(1, 31):  # 6 s: pid 1 in two ticks of five, pid 2 in the others
+        pid = 1 if tick % 5 < 2 else 2
+        busy = meter.add(0, [sample(pid, tick * 0.2, 99)], last, 0.1)
+        last = round(tick * 0.2 * S)
+        for p, used in busy.items():
+            charged[p] += used
+    assert abs(charged[1] / 6.0 - 39.6) < 1e-6 and abs(charged[2] / 6.0 - 59.4) < 1e-6
+    assert abs(meter.rate(0, 1) - 39.6) < 1e-6 and abs(meter.rate(0, 2) - 59.4) < 1e-6
+
+
+def test_contexts_listed_in_one_tick_add_up_to_one_gpu_at_most() -> None:
+    """A driver that lists several time-sliced contexts in one tick, each at its own full use
+    (the fake can): each is charged its proportion of the GPU; under 100 % as reported."""
+    meter = SmMeter()
+    last = steady(meter, 2.0)
+    busy = meter.add(0, [sample(1, 2.2, 99), sample(2, 2.2, 99)], last, 0.1)
+    assert abs(busy[1] - 50 * 0.2) < 1e-6 and abs(busy[2] - 50 * 0.2) < 1e-6
+    busy = meter.add(0, [sample(1, 2.4, 40), sample(2, 2.4, 60)], 2_200_000, 0.1)
+    assert abs(busy[1] - 40 * 0.2) < 1e-6 and abs(busy[2] - 60 * 0.2) < 1e-6
 
 
 def test_the_first_read_charges_nothing_and_gone_processes_are_forgotten() -> None:

@@ -25,13 +25,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import itertools
 import os
 import select
 import signal
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,10 +42,11 @@ from gpuslice_core.logging import get_logger
 from gpuslice_enforcer import cgroups as cg
 from gpuslice_enforcer.config import EnforcerConfig
 from gpuslice_enforcer.metrics import EnforcerMetrics
+from gpuslice_enforcer.smmeter import SmMeter
 from gpuslice_enforcer.state import Mechanism, ShareRecord
 from gpuslice_enforcer.throttle import Bucket
 from gpuslice_enforcer.violations import Violation, ViolationBus
-from gpuslice_nvml import Nvml, NvmlError, ProcessInfo, ProcessUtilization
+from gpuslice_nvml import Nvml, NvmlError, ProcessInfo
 
 log = get_logger(__name__)
 
@@ -96,79 +95,6 @@ class _Owned:
     busy: float = 0.0
     #: A process of an MPS share with a context of its own (not a client of the MPS server).
     bypass: bool = False
-
-
-class SmMeter:
-    """SM use per process from NVML's utilization samples, weighted by the time each covers.
-
-    A real driver samples per-process utilization on its own cadence (every 200 ms on an H100
-    with driver 580), not the watchdog's, and each sample's ``smUtil`` is the process's average
-    over that one interval; a process that was idle (or frozen) has no sample for it. So some
-    watchdog periods bring no sample and others one that covers two periods. Taking a missing
-    sample as 0 % and every sample as one period (averaging per call, as before) undercounted a
-    busy process, and a 30 % share ran at ~70 %; taking a sample as covering everything since
-    the process's previous one overcharged a process resuming after a freeze for its whole idle
-    gap (17 s of SM in one period), starving it.
-
-    A sample therefore accounts ``sm x span`` percent-seconds, in the period it arrives, where
-    the span is the time since the process's previous sample, at most the driver's interval:
-    learned per GPU as the shortest gap between its distinct sample timestamps (at least the
-    watchdog's period; x 1.5 for jitter).
-    """
-
-    #: The longest time one sample is taken to cover whatever is learned.
-    MAX_SPAN_US = 2_000_000
-    #: Distinct sample timestamps kept per GPU to learn the driver's interval from.
-    TICKS = 64
-    JITTER = 1.5
-
-    def __init__(self) -> None:
-        self._last: dict[tuple[int, int], int] = {}  # (gpu, pid) -> timestamp of its last sample
-        self._rate: dict[tuple[int, int], float] = {}  # (gpu, pid) -> percent, latest samples
-        self._ticks: dict[int, deque[int]] = {}  # gpu -> its recent distinct sample timestamps
-
-    def interval_us(self, gpu: int, period_us: int) -> int:
-        """The driver's sampling interval on ``gpu`` as seen so far (at least ``period_us``)."""
-        ticks = list(self._ticks.get(gpu, ()))
-        gaps = [b - a for a, b in itertools.pairwise(ticks) if b > a]
-        return max(period_us, min(gaps, default=period_us))
-
-    def add(
-        self,
-        gpu: int,
-        samples: list[ProcessUtilization],
-        previous_ts: int | None,
-        period_s: float,
-    ) -> dict[int, float]:
-        """Account a call's samples; percent-seconds per pid. The first call on a GPU
-        (``previous_ts`` None) may return the driver's whole sample buffer: it sets the rates
-        and the timestamps, and charges nothing."""
-        ticks = self._ticks.setdefault(gpu, deque(maxlen=self.TICKS))
-        for ts in sorted({s.timestamp_us for s in samples}):
-            if not ticks or ts > ticks[-1]:
-                ticks.append(ts)
-        cap = min(int(self.interval_us(gpu, int(period_s * 1e6)) * self.JITTER), self.MAX_SPAN_US)
-        busy: dict[int, float] = {}
-        spans: dict[int, float] = {}
-        for s in sorted(samples, key=lambda s: s.timestamp_us):
-            key = (gpu, s.pid)
-            start = self._last.get(key, previous_ts or 0)
-            span_us = min(max(s.timestamp_us - start, 0), cap)
-            self._last[key] = max(s.timestamp_us, self._last.get(key, 0))
-            busy[s.pid] = busy.get(s.pid, 0.0) + s.sm_percent * span_us / 1e6
-            spans[s.pid] = spans.get(s.pid, 0.0) + span_us / 1e6
-        for pid, span in spans.items():
-            self._rate[(gpu, pid)] = busy[pid] / span if span > 0 else 0.0
-        return busy if previous_ts is not None else {}
-
-    def rate(self, gpu: int, pid: int) -> float:
-        return self._rate.get((gpu, pid), 0.0)
-
-    def retain(self, gpu: int, pids: set[int]) -> None:
-        """Forget the processes of ``gpu`` that are not in ``pids`` (gone from NVML)."""
-        for key in [k for k in self._last if k[0] == gpu and k[1] not in pids]:
-            self._last.pop(key, None)
-            self._rate.pop(key, None)
 
 
 class LiveProcesses:
@@ -472,6 +398,8 @@ class Watchdog:
         mechanism claims to hold. The watchdog then enforces the share itself."""
         if share.memory_mechanism is Mechanism.NONE and share.cores_mechanism is Mechanism.NONE:
             return ""
+        if self.config.sm_action == "throttle":
+            mine = [i for i in mine if not (i.bypass and self._kill_bypasser(i, usage))]
         bypassing = sorted(item.info.pid for item in mine if item.bypass)
         seen = {(item.info.pid, item.start) for item in mine if item.bypass}
         runtime.new_bypasser = bool(seen - runtime.bypassers)
@@ -504,6 +432,39 @@ class Watchdog:
             )
         return ""
 
+    def _kill_bypasser(self, item: _Owned, usage: DeviceUsage) -> bool:
+        """Kill a process of an MPS share that runs beside the MPS server instead of through
+        it; True once it is killed (now or in an earlier sample).
+
+        Killed, not frozen: freezing is per cgroup, and the share's legitimate MPS clients in
+        the same container would be frozen with it (on an H100 a 30 % client fell to 6 %
+        while the bypasser was held). Where the enforcer holds the GPU in EXCLUSIVE_PROCESS
+        such a process cannot even create its context, so killing it here ends the same way.
+        """
+        share, pid = item.share, item.info.pid
+        key = (pid, item.start)
+        if key in self._killed:
+            return True  # NVML still lists it for a moment
+        if not self._kill(item, share, "not a client of its share's MPS server"):
+            return False
+        self._killed[key] = self._clock()
+        usage.kills += 1
+        self.metrics.kills.labels(*_labels(share, usage)).inc()
+        self._violation(
+            share,
+            usage,
+            pid,
+            "cores",
+            usage.sm_percent,
+            share.cores_percent,
+            "killed",
+            f"pid {pid} of share {share.share_id} is not a client of the MPS server of "
+            f"{usage.device_uuid} (a context of its own: the pipe directory "
+            "CUDA_MPS_PIPE_DIRECTORY was not used), so MPS does not hold it; killed it",
+            mechanism=Mechanism.WATCHDOG,
+        )
+        return True
+
     # -- memory ---------------------------------------------------------------------------
     def _check_memory(
         self,
@@ -523,7 +484,7 @@ class Watchdog:
             key = (victim.info.pid, victim.start)
             if key in self._killed:
                 return  # already killed; NVML still lists it for a moment
-            if self._kill(victim, share):
+            if self._kill(victim, share, "over its share's memory limit"):
                 self._killed[key] = self._clock()
                 usage.kills += 1
                 self.metrics.kills.labels(*_labels(share, usage)).inc()
@@ -557,7 +518,7 @@ class Watchdog:
                 f"{share.memory_mechanism.value}; the watchdog only reports)",
             )
 
-    def _kill(self, victim: _Owned, share: ShareRecord) -> bool:
+    def _kill(self, victim: _Owned, share: ShareRecord, why: str) -> bool:
         """SIGKILL through a pidfd, after checking the pid is still that process of that share."""
         pid = victim.info.pid
         try:
@@ -574,7 +535,8 @@ class Watchdog:
                 return False
             signal.pidfd_send_signal(fd, signal.SIGKILL)
             log.warning(
-                "killed a process over its share's memory limit",
+                "killed a process",
+                reason=why,
                 pid=pid,
                 claim_uid=share.claim_uid,
                 share_id=share.share_id,

@@ -26,6 +26,7 @@ from gpuslice_nvml.fake.lookup import (
 )
 from gpuslice_nvml.fake.node import FakeGpu, FakeNode, load_node
 from gpuslice_nvml.fake.state import GiState, StateStore
+from gpuslice_nvml.fake.timeslice import TickListing
 from gpuslice_nvml.interface import EventWatch, Nvml
 from gpuslice_nvml.types import (
     MIB,
@@ -70,6 +71,7 @@ class FakeNvml(Nvml):
         self._wall_clock = wall_clock
         self._poll_interval_s = poll_interval_s
         self._windows = UtilizationWindows(lambda: int(self._wall_clock() * 1e9))
+        self._ticks = TickListing()
 
     @classmethod
     def from_config_file(cls, path: str | Path) -> FakeNvml:
@@ -281,11 +283,12 @@ class FakeNvml(Nvml):
             now_us -= now_us % period_us
         if now_us <= since_us:
             return []
+        sm = {p.pid: self._windows.sm_percent(p, period_us * 1000) for p in procs}
+        listed = self._ticks.pick(gpu, now_us, sm)  # time-sliced: one context per tick
         return [
-            ProcessUtilization(
-                p.pid, now_us, self._windows.sm_percent(p, period_us * 1000), p.memory_percent
-            )
+            ProcessUtilization(p.pid, now_us, listed[p.pid], p.memory_percent)
             for p in procs
+            if p.pid in listed
         ]
 
     # -- compute mode ---------------------------------------------------------------------
