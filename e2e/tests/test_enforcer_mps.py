@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -150,3 +151,29 @@ def test_legacy_mps_gives_the_client_its_limits_in_the_environment(
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
     assert Path(reply.container_edits.mounts[0].host_path) == proc.mps_root / "0"
     assert _daemon_state(proc.mps_root / "0")["protocol"] == 2
+
+
+@pytest.mark.timeout(60)
+def test_mps_directories_have_explicit_modes_whatever_the_umask() -> None:
+    directory = short_tempdir()
+    config = directory / "node.yaml"
+    config.write_text(NODE.format(driver="570.158.01"))
+    proc = EnforcerProcess(config, directory, ["--memory-partitioning=off"])
+    previous = os.umask(0)  # inherited by the enforcer and the daemon it starts
+    try:
+        proc.start()
+    finally:
+        os.umask(previous)
+    try:
+        with proc.channel() as channel:
+            uuid = FakeNvml.from_config_file(config).gpu(0).uuid
+            proc.stub(channel).CreateShare(share_request("uid-modes", uuid, cores=40))
+        modes = {
+            path.relative_to(proc.mps_root).as_posix(): stat.S_IMODE(path.stat().st_mode)
+            for path in (proc.mps_root / "0", proc.mps_root / "log" / "0")
+        }
+    finally:
+        proc.stop()
+        proc.stop_mps_daemons()
+        remove_tree(directory)
+    assert modes == {"0": 0o755, "log/0": 0o700}  # were 0777

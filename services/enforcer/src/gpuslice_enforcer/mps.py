@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 from gpuslice_core.errors import FailedPreconditionError
+from gpuslice_core.files import make_dirs
 from gpuslice_core.logging import get_logger
 from gpuslice_enforcer.cgroups import start_time
 from gpuslice_enforcer.config import EnforcerConfig
@@ -86,8 +87,10 @@ class MpsManager:
             log_dir=str(self.config.mps_root / "log" / str(gpu_index)),
         )
         pipe, logs = Path(record.pipe_dir), Path(record.log_dir)
-        pipe.mkdir(parents=True, exist_ok=True)
-        logs.mkdir(parents=True, exist_ok=True)
+        # Explicit modes whatever the umask: containers of any user reach the pipe directory
+        # (the daemon sets its sockets' modes); the logs stay the node's.
+        make_dirs(pipe, 0o755)
+        make_dirs(logs, 0o700)
         (pipe / PID_FILE).unlink(missing_ok=True)
         args = [*self.config.mps_control, "-f"]
         if protocol == 3:

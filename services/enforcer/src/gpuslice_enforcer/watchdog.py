@@ -207,11 +207,22 @@ class Watchdog:
         structlog.contextvars.bind_contextvars(thread="watchdog")
         interval = self.config.sample_interval_s
         next_at = self._clock()
+        crashed: dict[str, tuple[float, int]] = {}  # error text -> (last logged, times since)
         while not self._stop.is_set():
             try:
                 self.sample_once()
-            except Exception:  # the loop must survive anything; a sample is only a sample
-                log.exception("watchdog sample crashed")
+            except Exception as exc:  # the loop must survive anything; a sample is only a sample
+                # The same failure every period (e.g. out of file descriptors) is logged with
+                # its traceback once per REPORT_EVERY_S, with how often it recurred meanwhile.
+                key, now = f"{type(exc).__name__}: {exc}"[:200], self._clock()
+                last, times = crashed.get(key, (-REPORT_EVERY_S, 0))
+                if now - last >= REPORT_EVERY_S:
+                    log.exception("watchdog sample crashed", recurred=times)
+                    crashed[key] = (now, 0)
+                else:
+                    crashed[key] = (last, times + 1)
+                if len(crashed) > 64:
+                    crashed.clear()
             next_at += interval
             delay = next_at - self._clock()
             if delay < 0:  # fell behind: do not try to catch up in a burst
