@@ -44,10 +44,10 @@ from pathlib import Path
 import yaml
 
 from gpuslice_core import logging as gslog
-from gpuslice_core.testing import at_once
 from gpuslice_kube.client import new_api_client
 from gpuslice_kube.errors import KubeError
 from gpuslice_kube.raw import Obj, RawApi, resource_path
+from gpuslice_testkit.core import at_once
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # the e2e sandbox package

@@ -36,11 +36,11 @@ from gpuslice_device_plugin.devices import discover
 from gpuslice_device_plugin.health import HealthTracker
 from gpuslice_device_plugin.metrics import Metrics
 from gpuslice_device_plugin.server import PluginManager
-from gpuslice_device_plugin.testing import settings
 from gpuslice_nvml import open_nvml
 from gpuslice_nvml.fake import FakeNvmlControl
 from gpuslice_protos.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from gpuslice_protos.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from gpuslice_testkit.device_plugin import settings
 
 
 class Kubelet(pb_grpc.RegistrationServicer):

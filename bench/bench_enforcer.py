@@ -37,7 +37,9 @@ from pathlib import Path
 import grpc
 
 from gpuslice_enforcer import hook
-from gpuslice_enforcer.testing import (
+from gpuslice_nvml.fake import FakeNvml, FakeNvmlControl
+from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
+from gpuslice_testkit.enforcer import (
     Cgroups,
     EnforcerProcess,
     Workload,
@@ -47,8 +49,6 @@ from gpuslice_enforcer.testing import (
     share_request,
     short_tempdir,
 )
-from gpuslice_nvml.fake import FakeNvml, FakeNvmlControl
-from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
 
 MIB = 1 << 20
 NODE = 'name: bench\ndriverVersion: "{driver}"\nstatePath: state.json\ngpus:\n  - model: L4\n'

@@ -36,7 +36,6 @@ from typing import Any
 import yaml
 
 from gpuslice_core import logging as gslog
-from gpuslice_core.testing import at_once
 from gpuslice_kube.client import new_api_client
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 from gpuslice_kubelet_plugin.checkpoint import ClaimRecord, DeviceRecord, PluginState, open_store
@@ -44,11 +43,12 @@ from gpuslice_kubelet_plugin.discovery import DRIVER, discover
 from gpuslice_kubelet_plugin.kubeapi import ResourceApi, detect
 from gpuslice_kubelet_plugin.metrics import PluginMetrics
 from gpuslice_kubelet_plugin.slices import PoolContent, SlicePublisher, device_with_taints
-from gpuslice_kubelet_plugin.testing.dra import ClaimTuple, DraClient, result
-from gpuslice_kubelet_plugin.testing.harness import write_node
-from gpuslice_kubelet_plugin.testing.process import PluginProcess
-from gpuslice_kubelet_plugin.testing.standins import StandinEnforcer
 from gpuslice_nvml import open_nvml
+from gpuslice_testkit.core import at_once
+from gpuslice_testkit.kubelet_plugin.dra import ClaimTuple, DraClient, result
+from gpuslice_testkit.kubelet_plugin.harness import write_node
+from gpuslice_testkit.kubelet_plugin.process import PluginProcess
+from gpuslice_testkit.kubelet_plugin.standins import StandinEnforcer
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # the e2e sandbox package

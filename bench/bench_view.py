@@ -47,7 +47,7 @@ from e2e.sandbox.controlplane import ControlPlane  # noqa: E402
 from gpuslice_core import logging as gslog  # noqa: E402
 from gpuslice_kube.client import new_api_client  # noqa: E402
 from gpuslice_kube.raw import RawApi, resource_path  # noqa: E402
-from gpuslice_view import testing as t  # noqa: E402
+from gpuslice_testkit import view as t  # noqa: E402
 from gpuslice_view.feed import ViewFeeder  # noqa: E402
 from gpuslice_view.source import load  # noqa: E402
 

@@ -4,7 +4,8 @@ The contracts are derived from the workspace itself, so a new service is covered
 exists: every package under services/ sits in the top layer and may import nothing of another
 service; libs sit below and may never import a service; among the libs, view (the cluster view
 and the kubectl plugin) may use nvml, kube, api and core; nvml, kube and api may use core; core
-and the generated protos use no other gpuslice package.
+and the generated protos use no other gpuslice package. The test kit (libs/testkit, never
+shipped) sits above everything, and nothing shipped may import it.
 
 Usage: .venv/bin/python hack/check_imports.py   (exit status of lint-imports)
 """
@@ -34,10 +35,13 @@ def member_packages(kind: str) -> list[str]:
     return packages
 
 
+TESTKIT = "gpuslice_testkit"
+
+
 def contracts() -> str:
     services = member_packages("services")
-    libs = member_packages("libs")
-    layers = ([" | ".join(services)] if services else []) + LIB_LAYERS
+    libs = [p for p in member_packages("libs") if p != TESTKIT]
+    layers = [TESTKIT] + ([" | ".join(services)] if services else []) + LIB_LAYERS
     in_layers = {p.strip() for layer in layers for p in layer.split("|")}
     missing = sorted(set(libs) - in_layers)
     if missing:
@@ -45,11 +49,16 @@ def contracts() -> str:
     indented = "\n".join(f"    {layer}" for layer in layers)
     return (
         "[importlinter]\n"
-        "root_packages =\n" + "".join(f"    {p}\n" for p in [*services, *libs]) + "\n"
+        "root_packages =\n" + "".join(f"    {p}\n" for p in [*services, *libs, TESTKIT]) + "\n"
         "[importlinter:contract:layers]\n"
         "name = services over libs; services never import each other; libs never import services\n"
         "type = layers\n"
-        f"layers =\n{indented}\n"
+        f"layers =\n{indented}\n\n"
+        "[importlinter:contract:testkit]\n"
+        "name = nothing shipped imports the test kit\n"
+        "type = forbidden\n"
+        "source_modules =\n" + "".join(f"    {p}\n" for p in [*services, *libs]) + ""
+        f"forbidden_modules =\n    {TESTKIT}\n"
     )
 
 

@@ -59,8 +59,8 @@ from gpuslice_kubelet_plugin.discovery import DRIVER, Device, Inventory, discove
 from gpuslice_kubelet_plugin.enforcer import ShareGrant
 from gpuslice_kubelet_plugin.plan import make_plan
 from gpuslice_kubelet_plugin.state import record_grant
-from gpuslice_kubelet_plugin.testing.dra import result as allocation_result
 from gpuslice_nvml import GpuInfo, Nvml
+from gpuslice_testkit.kubelet_plugin.dra import result as allocation_result
 
 Kind = Literal["whole", "shared"]
 Status = Literal["pass", "fail", "skipped"]

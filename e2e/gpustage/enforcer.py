@@ -1,5 +1,5 @@
 """The enforcer as the stage runs it: a real ``gpuslice-enforcer`` process on a unix socket in
-a temporary directory (``gpuslice_enforcer.testing.EnforcerProcess``), no CDI hook in the edits
+a temporary directory (``gpuslice_testkit.enforcer.EnforcerProcess``), no CDI hook in the edits
 (the stage attaches containers itself), and every share it creates released at the end.
 
 Violations are collected from ``WatchViolations`` from the start, each with the monotonic time it
@@ -21,9 +21,9 @@ from pathlib import Path
 import grpc
 
 from e2e.gpustage.report import Row
-from gpuslice_enforcer.testing import BIN, EnforcerProcess, share_request
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2_grpc as pb_grpc
+from gpuslice_testkit.enforcer import BIN, EnforcerProcess, share_request
 
 #: the watchdog's sampling period the stage runs the enforcer with (its default)
 SAMPLE_INTERVAL_S = 0.1

@@ -26,9 +26,9 @@ from e2e.gpustage.clients import (
 )
 from e2e.gpustage.enforcer import StageEnforcer, limit_mechanisms
 from e2e.gpustage.report import Row, Verdict, judged
-from gpuslice_enforcer.testing import Cgroups
 from gpuslice_nvml import Nvml
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
+from gpuslice_testkit.enforcer import Cgroups
 
 #: what a workload may take to start (interpreter, CUDA, MPS connection) before it is late
 START_TIMEOUT_S = 60.0

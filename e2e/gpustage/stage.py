@@ -34,9 +34,9 @@ from e2e.gpustage.enforcer import (
 from e2e.gpustage.report import Report, Row, Section
 from gpuslice_api.enforcer import cdi_edits
 from gpuslice_core.errors import GpusliceError
-from gpuslice_enforcer.testing import remove_tree, short_tempdir
 from gpuslice_nvml import GpuInfo, Nvml, open_nvml
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
+from gpuslice_testkit.enforcer import remove_tree, short_tempdir
 
 SECTIONS = ("contract", "probe", "cdi", "latency", "memory", "sm", "overhead", "bypass")
 ENFORCED = {"latency", "memory", "sm", "overhead", "bypass"}

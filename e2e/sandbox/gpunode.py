@@ -27,10 +27,10 @@ from e2e.sandbox.nodeagent.testing import unique, wait_for, wait_pod_phase
 from gpuslice_kube.errors import KubeAlreadyExistsError, KubeForbiddenError, KubeNotFoundError
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 from gpuslice_kubelet_plugin.cdispecs import device_env
-from gpuslice_kubelet_plugin.testing.harness import write_node
-from gpuslice_kubelet_plugin.testing.process import PluginProcess
 from gpuslice_nvml import open_nvml
 from gpuslice_nvml.fake import FakeNvmlControl
+from gpuslice_testkit.kubelet_plugin.harness import write_node
+from gpuslice_testkit.kubelet_plugin.process import PluginProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = REPO_ROOT / "e2e" / "manifests" / "deviceclasses.yaml"

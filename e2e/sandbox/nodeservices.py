@@ -47,8 +47,8 @@ from e2e.sandbox.nodeagent.testing import unique
 from e2e.sandbox.procs import Proc
 from gpuslice_core.grpcserver import check_health
 from gpuslice_kube.raw import RawApi
-from gpuslice_kubelet_plugin.testing.harness import write_node
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2_grpc, migmanager_pb2_grpc
+from gpuslice_testkit.kubelet_plugin.harness import write_node
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

@@ -22,10 +22,10 @@ from e2e.sandbox.controlplane import ControlPlane
 from e2e.sandbox.nodeagent import NodeAgent
 from e2e.sandbox.nodeagent.testing import wait_for, wait_pod_phase
 from e2e.sandbox.procs import Proc
-from gpuslice_device_plugin.testing import write_node
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 from gpuslice_nvml import open_nvml
 from gpuslice_nvml.fake import FakeNvmlControl
+from gpuslice_testkit.device_plugin import write_node
 
 pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
 pytestmark = pytest.mark.timeout(90)

@@ -22,9 +22,9 @@ from e2e.tests.test_device_plugin import (
     run_pod,
     wait_resources,
 )
-from gpuslice_device_plugin.testing import H100_MIXED, H100X8_NVLINK
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 from gpuslice_nvml import open_nvml
+from gpuslice_testkit.device_plugin import H100_MIXED, H100X8_NVLINK
 
 pytest_plugins = ("e2e.sandbox.nodeagent.fixtures", "e2e.tests.test_device_plugin")
 pytestmark = pytest.mark.timeout(90)

@@ -20,7 +20,10 @@ import pytest
 
 from e2e.sandbox.nodeagent.runtime import CreateContainerError, run_hooks
 from gpuslice_core.cdi import Hook
-from gpuslice_enforcer.testing import (
+from gpuslice_nvml import MEMORY_LIMIT_MAX
+from gpuslice_nvml.fake import FakeNvml, FakeNvmlControl
+from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
+from gpuslice_testkit.enforcer import (
     Cgroups,
     EnforcerProcess,
     Workload,
@@ -30,9 +33,6 @@ from gpuslice_enforcer.testing import (
     share_request,
     short_tempdir,
 )
-from gpuslice_nvml import MEMORY_LIMIT_MAX
-from gpuslice_nvml.fake import FakeNvml, FakeNvmlControl
-from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
 
 MIB = 1 << 20
 NODE = """

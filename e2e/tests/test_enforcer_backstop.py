@@ -16,8 +16,11 @@ from pathlib import Path
 import pytest
 
 from e2e.sandbox.procs import free_port
-from gpuslice_core.testing import wait_for
-from gpuslice_enforcer.testing import (
+from gpuslice_nvml.fake import FakeNvml, FakeNvmlControl
+from gpuslice_nvml.types import ComputeMode
+from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
+from gpuslice_testkit.core import wait_for
+from gpuslice_testkit.enforcer import (
     Cgroups,
     EnforcerProcess,
     Workload,
@@ -27,9 +30,6 @@ from gpuslice_enforcer.testing import (
     short_tempdir,
     watch_violations,
 )
-from gpuslice_nvml.fake import FakeNvml, FakeNvmlControl
-from gpuslice_nvml.types import ComputeMode
-from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root for cgroups and the freezer"),

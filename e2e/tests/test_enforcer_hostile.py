@@ -23,9 +23,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from gpuslice_core.testing import ServiceExitedError
 from gpuslice_enforcer import hook
-from gpuslice_enforcer.testing import (
+from gpuslice_nvml.fake import FakeNvml
+from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
+from gpuslice_protos.gpuslice.v1 import enforcer_pb2_grpc as pb_grpc
+from gpuslice_testkit.core import ServiceExitedError
+from gpuslice_testkit.enforcer import (
     Cgroups,
     EnforcerProcess,
     Workload,
@@ -34,9 +37,6 @@ from gpuslice_enforcer.testing import (
     share_request,
     short_tempdir,
 )
-from gpuslice_nvml.fake import FakeNvml
-from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
-from gpuslice_protos.gpuslice.v1 import enforcer_pb2_grpc as pb_grpc
 
 NODE = 'name: hostile\ndriverVersion: "570.158.01"\nstatePath: state.json\ngpus:\n  - model: L4\n'
 DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED = 4, 8

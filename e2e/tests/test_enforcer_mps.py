@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from gpuslice_enforcer.testing import (
+from gpuslice_nvml.fake import FakeNvml
+from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
+from gpuslice_testkit.enforcer import (
     EnforcerProcess,
     remove_tree,
     share_request,
     short_tempdir,
 )
-from gpuslice_nvml.fake import FakeNvml
-from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
 
 NODE = """
 name: mps-node

@@ -16,7 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuslice_enforcer.testing import (
+from gpuslice_nvml.fake import FakeNvml, FakeNvmlControl
+from gpuslice_nvml.fake.timeslice import TimeSlicedGpu
+from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
+from gpuslice_testkit.enforcer import (
     Cgroups,
     EnforcerProcess,
     Workload,
@@ -26,9 +29,6 @@ from gpuslice_enforcer.testing import (
     short_tempdir,
     watch_violations,
 )
-from gpuslice_nvml.fake import FakeNvml, FakeNvmlControl
-from gpuslice_nvml.fake.timeslice import TimeSlicedGpu
-from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root for cgroups and the freezer"),

@@ -36,8 +36,8 @@ from gpuslice_controller.validate import ClaimValidator, Classes
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 from gpuslice_kube.reflector import Reflector, metadata_only
 from gpuslice_kubelet_plugin.claims import ClaimRef
-from gpuslice_kubelet_plugin.testing.dra import DraClient, gpu_config, ref, result
-from gpuslice_kubelet_plugin.testing.harness import Harness
+from gpuslice_testkit.kubelet_plugin.dra import DraClient, gpu_config, ref, result
+from gpuslice_testkit.kubelet_plugin.harness import Harness
 from gpuslice_view.feed import ViewFeeder
 from gpuslice_view.reasons import why_claim
 

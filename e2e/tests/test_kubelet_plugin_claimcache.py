@@ -20,8 +20,8 @@ from gpuslice_kubelet_plugin.claimcache import ClaimCache
 from gpuslice_kubelet_plugin.claims import ClaimRef
 from gpuslice_kubelet_plugin.discovery import DRIVER
 from gpuslice_kubelet_plugin.kubeapi import ResourceApi
-from gpuslice_kubelet_plugin.testing.dra import ref, result
-from gpuslice_kubelet_plugin.testing.harness import Harness, Running
+from gpuslice_testkit.kubelet_plugin.dra import ref, result
+from gpuslice_testkit.kubelet_plugin.harness import Harness, Running
 
 pytest_plugins = ("e2e.sandbox.nodeagent.fixtures", "e2e.tests.test_kubelet_plugin_support")
 pytestmark = pytest.mark.timeout(30)

@@ -33,9 +33,9 @@ from e2e.sandbox.nodeagent.testing import (
     wait_pod_phase,
 )
 from gpuslice_kube.raw import Obj, RawApi, resource_path
-from gpuslice_kubelet_plugin.testing.harness import write_node
-from gpuslice_kubelet_plugin.testing.standins import StandinMigManager
 from gpuslice_nvml import Nvml, open_nvml
+from gpuslice_testkit.kubelet_plugin.harness import write_node
+from gpuslice_testkit.kubelet_plugin.standins import StandinMigManager
 
 pytest_plugins = ("e2e.sandbox.nodeagent.fixtures", "e2e.tests.test_kubelet_plugin_support")
 pytestmark = pytest.mark.timeout(90)

@@ -14,8 +14,8 @@ from e2e.tests.test_kubelet_plugin_support import ClaimMaker
 from gpuslice_core.cdi import load_spec
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 from gpuslice_kubelet_plugin.cdispecs import device_env
-from gpuslice_kubelet_plugin.testing.dra import DraClient, gpu_config, ref, result
-from gpuslice_kubelet_plugin.testing.harness import Harness, Node, Running
+from gpuslice_testkit.kubelet_plugin.dra import DraClient, gpu_config, ref, result
+from gpuslice_testkit.kubelet_plugin.harness import Harness, Node, Running
 
 pytest_plugins = ("e2e.sandbox.nodeagent.fixtures", "e2e.tests.test_kubelet_plugin_support")
 pytestmark = pytest.mark.timeout(30)

@@ -16,18 +16,18 @@ from e2e.sandbox.controlplane import ControlPlane
 from e2e.sandbox.gpunode import delete_node_slices, node_slices
 from e2e.sandbox.nodeagent.testing import wait_event, wait_for
 from e2e.tests.test_kubelet_plugin_support import ClaimMaker
-from gpuslice_core.testing import ServiceExitedError
 from gpuslice_kube.raw import Obj, RawApi, resource_path
-from gpuslice_kubelet_plugin.testing.dra import (
+from gpuslice_testkit.core import ServiceExitedError
+from gpuslice_testkit.kubelet_plugin.dra import (
     ClaimAnswer,
     ClaimTuple,
     DraClient,
     ref,
     result,
 )
-from gpuslice_kubelet_plugin.testing.harness import Node
-from gpuslice_kubelet_plugin.testing.process import PluginProcess
-from gpuslice_kubelet_plugin.testing.standins import StandinEnforcer
+from gpuslice_testkit.kubelet_plugin.harness import Node
+from gpuslice_testkit.kubelet_plugin.process import PluginProcess
+from gpuslice_testkit.kubelet_plugin.standins import StandinEnforcer
 
 pytest_plugins = ("e2e.sandbox.nodeagent.fixtures", "e2e.tests.test_kubelet_plugin_support")
 

@@ -26,10 +26,10 @@ from gpuslice_kubelet_plugin.checkpoint import (
     open_store,
 )
 from gpuslice_kubelet_plugin.kubeapi import ResourceApi
-from gpuslice_kubelet_plugin.testing.dra import ref, result
-from gpuslice_kubelet_plugin.testing.harness import Harness
-from gpuslice_kubelet_plugin.testing.standins import StandinEnforcer
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as epb
+from gpuslice_testkit.kubelet_plugin.dra import ref, result
+from gpuslice_testkit.kubelet_plugin.harness import Harness
+from gpuslice_testkit.kubelet_plugin.standins import StandinEnforcer
 
 pytest_plugins = ("e2e.sandbox.nodeagent.fixtures", "e2e.tests.test_kubelet_plugin_support")
 pytestmark = pytest.mark.timeout(30)

@@ -12,11 +12,11 @@ import pytest
 from e2e.sandbox.nodeagent.testing import wait_for
 from e2e.tests.test_kubelet_plugin_support import ClaimMaker
 from gpuslice_kubelet_plugin.server import Sockets, probe
-from gpuslice_kubelet_plugin.testing.dra import ref, result
-from gpuslice_kubelet_plugin.testing.harness import Harness, Running
-from gpuslice_kubelet_plugin.testing.standins import StandinEnforcer
 from gpuslice_protos.kubelet.pluginregistration.v1 import api_pb2 as reg
 from gpuslice_protos.kubelet.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from gpuslice_testkit.kubelet_plugin.dra import ref, result
+from gpuslice_testkit.kubelet_plugin.harness import Harness, Running
+from gpuslice_testkit.kubelet_plugin.standins import StandinEnforcer
 
 pytest_plugins = ("e2e.sandbox.nodeagent.fixtures", "e2e.tests.test_kubelet_plugin_support")
 pytestmark = pytest.mark.timeout(30)

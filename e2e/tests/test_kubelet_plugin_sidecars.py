@@ -14,11 +14,11 @@ from e2e.tests.test_kubelet_plugin_support import ClaimMaker
 from gpuslice_core.cdi import load_spec
 from gpuslice_kube.raw import RawApi, resource_path
 from gpuslice_kubelet_plugin.cdispecs import device_env
-from gpuslice_kubelet_plugin.testing.dra import gpu_config, ref, result
-from gpuslice_kubelet_plugin.testing.harness import Harness, Node, Running, write_node
-from gpuslice_kubelet_plugin.testing.standins import StandinEnforcer, StandinMigManager
 from gpuslice_nvml import open_nvml
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as epb
+from gpuslice_testkit.kubelet_plugin.dra import gpu_config, ref, result
+from gpuslice_testkit.kubelet_plugin.harness import Harness, Node, Running, write_node
+from gpuslice_testkit.kubelet_plugin.standins import StandinEnforcer, StandinMigManager
 
 pytest_plugins = ("e2e.sandbox.nodeagent.fixtures", "e2e.tests.test_kubelet_plugin_support")
 pytestmark = pytest.mark.timeout(30)

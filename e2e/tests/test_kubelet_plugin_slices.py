@@ -19,8 +19,8 @@ from gpuslice_kubelet_plugin.kubeapi import ResourceApi, detect
 from gpuslice_kubelet_plugin.metrics import PluginMetrics
 from gpuslice_kubelet_plugin.nodemode import read_node
 from gpuslice_kubelet_plugin.slices import PoolContent, SlicePublisher, node_owner
-from gpuslice_kubelet_plugin.testing.harness import Harness, Node, Running, write_node
 from gpuslice_nvml import open_nvml
+from gpuslice_testkit.kubelet_plugin.harness import Harness, Node, Running, write_node
 
 pytest_plugins = ("e2e.sandbox.nodeagent.fixtures", "e2e.tests.test_kubelet_plugin_support")
 pytestmark = pytest.mark.timeout(30)

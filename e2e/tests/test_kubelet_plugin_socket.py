@@ -24,15 +24,15 @@ from e2e.sandbox.gpunode import (
 )
 from e2e.sandbox.nodeagent.testing import wait_for
 from gpuslice_kube.raw import Obj, RawApi, resource_path
-from gpuslice_kubelet_plugin.testing.dra import (
+from gpuslice_protos.kubelet.dra_health.v1alpha1 import api_pb2 as hpb
+from gpuslice_protos.kubelet.dra_health.v1alpha1 import api_pb2_grpc as hpb_grpc
+from gpuslice_testkit.kubelet_plugin.dra import (
     ClaimAnswer,
     ClaimTuple,
     DraClient,
     gpu_config,
     result,
 )
-from gpuslice_protos.kubelet.dra_health.v1alpha1 import api_pb2 as hpb
-from gpuslice_protos.kubelet.dra_health.v1alpha1 import api_pb2_grpc as hpb_grpc
 
 pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
 pytestmark = pytest.mark.timeout(90)

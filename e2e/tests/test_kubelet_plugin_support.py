@@ -26,9 +26,9 @@ from e2e.sandbox.gpunode import (
 )
 from e2e.sandbox.nodeagent.testing import unique
 from gpuslice_kube.raw import Obj, RawApi
-from gpuslice_kubelet_plugin.testing.harness import H100X2_MIG, Harness, Node, Running, write_node
 from gpuslice_nvml import open_nvml
 from gpuslice_nvml.fake import FakeNvmlControl
+from gpuslice_testkit.kubelet_plugin.harness import H100X2_MIG, Harness, Node, Running, write_node
 
 
 @pytest.fixture(scope="module")

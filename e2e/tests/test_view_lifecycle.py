@@ -20,9 +20,9 @@ from e2e.sandbox.nodeagent.testing import wait_for, wait_pod_phase
 from e2e.sandbox.nodeservices import NodePod, serve_node_pod, start_node_pod
 from e2e.sandbox.procs import free_port
 from e2e.tests.test_view import delete_pods, start_pod
-from gpuslice_enforcer.testing import Workload
 from gpuslice_kube.errors import KubeNotFoundError
 from gpuslice_kube.raw import Obj, RawApi, resource_path
+from gpuslice_testkit.enforcer import Workload
 from gpuslice_view import live
 from gpuslice_view.feed import ViewFeeder
 from gpuslice_view.report import claim_rows, gpu_rows

@@ -8,10 +8,10 @@ import uuid
 from collections.abc import Iterator
 from typing import TypeVar
 
-from gpuslice_core.testing import WaitTimeoutError as WaitTimeoutError  # re-exported
-from gpuslice_core.testing import wait_for as wait_for  # re-exported
 from gpuslice_kube.errors import KubeNotFoundError
 from gpuslice_kube.raw import Obj, RawApi, resource_path
+from gpuslice_testkit.core import WaitTimeoutError as WaitTimeoutError  # re-exported
+from gpuslice_testkit.core import wait_for as wait_for  # re-exported
 
 T = TypeVar("T")
 

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from gpuslice_core import logging as gs_logging
 from gpuslice_core.cli import EnvArgumentParser, positive_seconds, seconds_or_off
 from gpuslice_core.metrics import OperationMetrics, parse_addr, serve
-from gpuslice_core.testing import preserved_logging
+from gpuslice_testkit.core import preserved_logging
 
 
 @pytest.fixture

@@ -9,10 +9,10 @@ import pytest
 
 from gpuslice_core.errors import FailedPreconditionError
 from gpuslice_kube.errors import KubeNotFoundError
+from gpuslice_testkit.view import gpu, resource_slice
 from gpuslice_view import cli, cordon
 from gpuslice_view.model import ClusterView
 from gpuslice_view.source import taint_rule_version
-from gpuslice_view.testing import gpu, resource_slice
 
 
 def test_flags_go_before_or_after_the_command_as_with_kubectl() -> None:

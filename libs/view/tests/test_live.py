@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
+from gpuslice_testkit.view import GIB, claim, gpu, resource_slice, result
 from gpuslice_view import live, report
 from gpuslice_view.live import LivePoller, NodeLive, ShareLive, Target
 from gpuslice_view.model import ClusterView
-from gpuslice_view.testing import GIB, claim, gpu, resource_slice, result
 
 pytestmark = pytest.mark.timeout(30)
 SHARE = ["claim_uid", "namespace", "claim", "device"]

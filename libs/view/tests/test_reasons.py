@@ -7,11 +7,7 @@ import time
 
 import pytest
 
-from gpuslice_view import cel
-from gpuslice_view.model import ClusterView
-from gpuslice_view.objects import pod_from
-from gpuslice_view.reasons import Reason, why_claim, why_pod
-from gpuslice_view.testing import (
+from gpuslice_testkit.view import (
     CLASSES,
     Obj,
     claim,
@@ -22,6 +18,10 @@ from gpuslice_view.testing import (
     result,
     taint_rule,
 )
+from gpuslice_view import cel
+from gpuslice_view.model import ClusterView
+from gpuslice_view.objects import pod_from
+from gpuslice_view.reasons import Reason, why_claim, why_pod
 
 ON_A100 = "device.attributes['gpu.gpuslice.dev'].productName == 'NVIDIA A100-SXM4-40GB'"
 

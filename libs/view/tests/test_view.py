@@ -5,10 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpuslice_core.errors import NotFoundError
-from gpuslice_view import report
-from gpuslice_view.cordon import rule, rule_name
-from gpuslice_view.model import ClusterView
-from gpuslice_view.testing import (
+from gpuslice_testkit.view import (
     CLASSES,
     GIB,
     claim,
@@ -19,6 +16,9 @@ from gpuslice_view.testing import (
     taint_rule,
     v1beta1_device,
 )
+from gpuslice_view import report
+from gpuslice_view.cordon import rule, rule_name
+from gpuslice_view.model import ClusterView
 
 
 def cluster() -> ClusterView:

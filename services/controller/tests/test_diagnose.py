@@ -10,7 +10,7 @@ import pytest
 from gpuslice_controller.diagnose import REASON, Diagnosis, Diagnostics, Throttle, unschedulable
 from gpuslice_kube.errors import KubeNotFoundError
 from gpuslice_kube.raw import Obj
-from gpuslice_view import testing as t
+from gpuslice_testkit import view as t
 from gpuslice_view.model import ClusterView
 
 pytestmark = pytest.mark.timeout(10)

@@ -10,8 +10,8 @@ import pytest
 
 from gpuslice_controller.auth import Authorizer, Decision
 from gpuslice_controller.viewapi import ViewApi, credentials
+from gpuslice_testkit import view as t
 from gpuslice_view import report
-from gpuslice_view import testing as t
 from gpuslice_view.model import ClusterView
 from gpuslice_view.remote import TOKEN_HEADER
 

@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from gpuslice_controller.viewmetrics import ViewCollector
-from gpuslice_view import testing as t
+from gpuslice_testkit import view as t
 from gpuslice_view.live import NodeLive, ShareLive
 from gpuslice_view.model import ClusterView
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from gpuslice_device_plugin.testing import write_node
 from gpuslice_nvml import Nvml, open_nvml
+from gpuslice_testkit.device_plugin import write_node
 
 NodeFactory = Callable[[dict[str, Any]], Nvml]
 

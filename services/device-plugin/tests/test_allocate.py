@@ -18,8 +18,8 @@ from gpuslice_device_plugin.allocate import (
 )
 from gpuslice_device_plugin.devices import discover
 from gpuslice_device_plugin.health import HealthTracker
-from gpuslice_device_plugin.testing import H100X8_NVLINK, settings
 from gpuslice_nvml import HealthEvent, HealthEventKind, Nvml
+from gpuslice_testkit.device_plugin import H100X8_NVLINK, settings
 
 Factory = Callable[[dict[str, Any]], Nvml]
 SHARED = "sharing: {timeSlicing: {resources: [{name: gpu, replicas: 4}]}}"

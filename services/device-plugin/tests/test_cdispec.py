@@ -13,8 +13,8 @@ from gpuslice_core.cdi import load_spec, resolve
 from gpuslice_device_plugin.allocate import container_response
 from gpuslice_device_plugin.cdispec import write_spec
 from gpuslice_device_plugin.devices import discover
-from gpuslice_device_plugin.testing import H100_MIXED, settings
 from gpuslice_nvml import Nvml
+from gpuslice_testkit.device_plugin import H100_MIXED, settings
 
 pytestmark = pytest.mark.timeout(30)
 Factory = Callable[[dict[str, Any]], Nvml]

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from gpuslice_device_plugin.config import ConfigError, parse_config
-from gpuslice_device_plugin.testing import settings
+from gpuslice_testkit.device_plugin import settings
 
 NVIDIA_EXAMPLE = """
 version: v1

@@ -6,8 +6,8 @@ from typing import Any
 import pytest
 
 from gpuslice_device_plugin.devices import DiscoveryError, Resource, discover
-from gpuslice_device_plugin.testing import H100_MIXED, H100X8_NVLINK, settings
 from gpuslice_nvml import Nvml
+from gpuslice_testkit.device_plugin import H100_MIXED, H100X8_NVLINK, settings
 
 Factory = Callable[[dict[str, Any]], Nvml]
 

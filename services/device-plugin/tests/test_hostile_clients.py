@@ -22,10 +22,10 @@ from gpuslice_device_plugin.devices import discover
 from gpuslice_device_plugin.health import HealthTracker
 from gpuslice_device_plugin.metrics import Metrics
 from gpuslice_device_plugin.server import STREAM_CAP, PluginManager
-from gpuslice_device_plugin.testing import H100X8_NVLINK, Kubelet, settings
 from gpuslice_nvml import Nvml
 from gpuslice_protos.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from gpuslice_protos.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from gpuslice_testkit.device_plugin import H100X8_NVLINK, Kubelet, settings
 
 pytestmark = pytest.mark.timeout(30)
 Factory = Callable[[dict[str, Any]], Nvml]

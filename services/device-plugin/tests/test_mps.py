@@ -16,10 +16,10 @@ from gpuslice_core.grpcserver import UnixGrpcServer
 from gpuslice_device_plugin.allocate import container_response, mps_response
 from gpuslice_device_plugin.devices import DiscoveryError, discover
 from gpuslice_device_plugin.mps import MIB, EnforcerClient, setup_shares, split
-from gpuslice_device_plugin.testing import H100_MIXED, settings
 from gpuslice_nvml import Nvml
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2_grpc as pb_grpc
+from gpuslice_testkit.device_plugin import H100_MIXED, settings
 
 pytestmark = pytest.mark.timeout(30)
 Factory = Callable[[dict[str, Any]], Nvml]

@@ -22,8 +22,8 @@ from gpuslice_device_plugin.metrics import Metrics
 from gpuslice_device_plugin.reload import Control, Watchers, fingerprint, load_settings
 from gpuslice_device_plugin.run import Plugin
 from gpuslice_device_plugin.server import PluginManager
-from gpuslice_device_plugin.testing import Kubelet
 from gpuslice_nvml import Nvml
+from gpuslice_testkit.device_plugin import Kubelet
 
 pytestmark = pytest.mark.timeout(30)
 Factory = Callable[[dict[str, Any]], Nvml]

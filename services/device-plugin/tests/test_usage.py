@@ -16,7 +16,6 @@ from gpuslice_core.errors import TransientError
 from gpuslice_device_plugin.devices import Resource, discover
 from gpuslice_device_plugin.mps import ReplicaShare
 from gpuslice_device_plugin.podresources import Holder, PodResourcesError, holders
-from gpuslice_device_plugin.testing import H100_MIXED, settings, write_node
 from gpuslice_device_plugin.usage import (
     ContainerCollector,
     Sources,
@@ -28,6 +27,7 @@ from gpuslice_kube.raw import Obj
 from gpuslice_nvml import Nvml, open_nvml
 from gpuslice_nvml.fake import FakeNvmlControl
 from gpuslice_protos.kubelet.podresources.v1 import api_pb2 as pb
+from gpuslice_testkit.device_plugin import H100_MIXED, settings, write_node
 
 pytestmark = pytest.mark.timeout(20)
 

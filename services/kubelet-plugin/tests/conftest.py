@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuslice_kubelet_plugin.testing.harness import H100X2_MIG, Node, write_node
 from gpuslice_nvml import open_nvml
 from gpuslice_nvml.fake import FakeNvmlControl
+from gpuslice_testkit.kubelet_plugin.harness import H100X2_MIG, Node, write_node
 
 NODE = "node-a"
 

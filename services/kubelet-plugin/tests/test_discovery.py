@@ -9,9 +9,9 @@ import pytest
 
 from gpuslice_kubelet_plugin.discovery import discover, dns_label, semver
 from gpuslice_kubelet_plugin.enforcer import GpuEnforcement
-from gpuslice_kubelet_plugin.testing.harness import Node, write_node
 from gpuslice_nvml import open_nvml
 from gpuslice_nvml.fake import FakeNvmlControl
+from gpuslice_testkit.kubelet_plugin.harness import Node, write_node
 
 
 @pytest.mark.parametrize(

@@ -10,8 +10,8 @@ import pytest
 from gpuslice_kubelet_plugin.discovery import discover
 from gpuslice_kubelet_plugin.health import HealthMonitor
 from gpuslice_kubelet_plugin.metrics import PluginMetrics
-from gpuslice_kubelet_plugin.testing.harness import Node
 from gpuslice_nvml import HealthEvent, HealthEventKind
+from gpuslice_testkit.kubelet_plugin.harness import Node
 
 pytestmark = pytest.mark.timeout(30)
 

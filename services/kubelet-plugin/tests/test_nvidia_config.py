@@ -13,8 +13,8 @@ from gpuslice_core.errors import InvalidArgumentError
 from gpuslice_kubelet_plugin.claims import ClaimError, ClaimRef, parse_claim
 from gpuslice_kubelet_plugin.discovery import DRIVER, Inventory, discover
 from gpuslice_kubelet_plugin.plan import Plan, make_plan
-from gpuslice_kubelet_plugin.testing.dra import gpu_config, result
-from gpuslice_kubelet_plugin.testing.harness import Node
+from gpuslice_testkit.kubelet_plugin.dra import gpu_config, result
+from gpuslice_testkit.kubelet_plugin.harness import Node
 
 GIB = 1024**3
 POOL = "node-a"

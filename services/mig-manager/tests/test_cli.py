@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuslice_core.testing import preserved_logging
 from gpuslice_mig_manager.cli import build_parser, main
+from gpuslice_testkit.core import preserved_logging
 
 pytestmark = pytest.mark.timeout(20)
 

@@ -11,7 +11,6 @@ from typing import TypeVar
 import pytest
 import tenacity
 
-from gpuslice_core import testing
 from gpuslice_mig_manager.apply import LayoutState, apply_layout
 from gpuslice_mig_manager.controller import Backoff, LayoutController
 from gpuslice_mig_manager.kube import LABEL_CONFIG
@@ -19,6 +18,7 @@ from gpuslice_mig_manager.layouts import LayoutConfig
 from gpuslice_mig_manager.manager import MigManager
 from gpuslice_mig_manager.sources import ConfigMapLayouts, FileLayouts
 from gpuslice_nvml.fake import FakeNvml, FakeNvmlControl
+from gpuslice_testkit import core as testing
 
 from .conftest import default_layouts_text
 

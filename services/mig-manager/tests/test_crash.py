@@ -1,6 +1,6 @@
 """kill -9 of a real mig-manager process in the middle of a MIG change leaks nothing.
 
-The process is made to SIGKILL itself at a crash point (``testhooks``): right after the GPU
+The process is made to SIGKILL itself at a failpoint (``failpoints``): right after the GPU
 instance is created and before its compute instance, or between destroying the compute instance
 and the GPU instance. After a restart the half-done change is settled before the socket opens.
 """
@@ -17,12 +17,12 @@ import grpc
 import pytest
 
 from gpuslice_core.grpcserver import check_health
-from gpuslice_core.testing import ServiceProcess
+from gpuslice_mig_manager.failpoints import ENV as CRASH_ENV
 from gpuslice_mig_manager.state import FILE_NAME
-from gpuslice_mig_manager.testhooks import ENV as CRASH_ENV
 from gpuslice_nvml.fake import FakeNvml
 from gpuslice_protos.gpuslice.v1 import migmanager_pb2 as pb
 from gpuslice_protos.gpuslice.v1 import migmanager_pb2_grpc as pbgrpc
+from gpuslice_testkit.core import ServiceProcess
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -24,7 +24,7 @@ from gpuslice_core.errors import (
     ResourceExhaustedError,
 )
 from gpuslice_core.logging import get_logger
-from gpuslice_mig_manager import testhooks
+from gpuslice_mig_manager import failpoints
 from gpuslice_mig_manager.metrics import Metrics
 from gpuslice_mig_manager.planner import (
     NewInstance,
@@ -273,7 +273,7 @@ class MigManager:
             for item, intent in zip(items, intents, strict=True):
                 with self.metrics.create.time():
                     gi = self.nvml.create_gpu_instance(index, item.shape.id, item.placement)
-                    testhooks.crash_point("after-create-gpu-instance")
+                    failpoints.crash_point("after-create-gpu-instance")
                     try:
                         ci_profile = self._ci_profile(snap, gi.id, item.shape, item.device_profile)
                         ci = self.nvml.create_compute_instance(index, gi.id, ci_profile)
@@ -345,7 +345,7 @@ class MigManager:
     def _destroy_one(self, index: int, gpu_instance_id: int) -> None:
         for ci in self.nvml.compute_instances(index, gpu_instance_id):
             self.nvml.destroy_compute_instance(index, gpu_instance_id, ci.id)
-            testhooks.crash_point("after-destroy-compute-instance")
+            failpoints.crash_point("after-destroy-compute-instance")
         with contextlib.suppress(NvmlNotFound):  # gone already: the goal is reached
             self.nvml.destroy_gpu_instance(index, gpu_instance_id)
 

@@ -19,9 +19,9 @@ from gpuslice_kube.client import new_api_client
 from gpuslice_kube.raw import RawApi
 from gpuslice_kubelet_plugin.driver import Driver, Settings
 from gpuslice_kubelet_plugin.state import DeviceState
-from gpuslice_kubelet_plugin.testing.dra import DraClient
 from gpuslice_nvml import Nvml
 from gpuslice_nvml.fake import FakeNvmlControl
+from gpuslice_testkit.kubelet_plugin.dra import DraClient
 
 # two whole H100s and one in MIG mode (1g.10gb at 0, 3g.40gb at 4)
 H100X2_MIG: list[dict[str, Any]] = [

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuslice_core.testing import (
+from gpuslice_testkit.core import (
     ServiceExitedError,
     ServiceProcess,
     WaitTimeoutError,

@@ -24,9 +24,9 @@ from pathlib import Path
 import grpc
 
 from gpuslice_core.grpcserver import check_health
-from gpuslice_core.testing import ServiceProcess
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2_grpc as pb_grpc
+from gpuslice_testkit.core import ServiceProcess
 
 FREEZER_ROOT = Path("/sys/fs/cgroup/freezer")
 BIN = Path(sys.executable).parent
