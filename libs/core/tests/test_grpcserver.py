@@ -216,6 +216,23 @@ def test_open_streams_never_starve_unary_calls_and_one_past_the_cap_is_refused(
         running.server.stop(grace=1)
 
 
+def test_every_server_has_a_stream_budget_and_explicit_modes_by_default(tmp_path: Path) -> None:
+    """A server built with no options (the MIG manager's, the kubelet plugin's) still caps its
+    streams (Health.Watch exists on every server) and sets 0600/0755 under umask 000."""
+    running = Running(tmp_path / "run")
+    previous = os.umask(0)
+    try:
+        running.server.start()
+    finally:
+        os.umask(previous)
+    try:
+        assert running.server.streams.cap == 16
+        assert stat.S_IMODE(running.socket.stat().st_mode) == 0o600
+        assert stat.S_IMODE(running.socket.parent.stat().st_mode) == 0o755
+    finally:
+        running.server.stop(grace=0)
+
+
 def test_explicit_modes_whatever_the_umask(tmp_path: Path) -> None:
     running = Running(tmp_path, socket_mode=0o600, dir_mode=0o750)
     previous = os.umask(0)

@@ -6,11 +6,13 @@ the standard ``grpc.health.v1.Health`` service, maps domain errors to gRPC statu
 (``ErrorInterceptor``), and on stop marks itself NOT_SERVING, lets in-flight calls finish within a
 grace period and removes its socket files.
 
-Streams (a watch, ``Health.Watch``) hold a worker thread for as long as they are open. A server
-built with ``max_streams`` gives them a budget of their own — that many threads more, and a
-refusal (``RESOURCE_EXHAUSTED``, naming the cap) for a stream past it (``StreamBudget``) — so
-open streams never starve unary calls. ``socket_mode`` and ``dir_mode`` set the socket's and a
-created socket directory's modes explicitly, whatever the process's umask.
+Streams (a watch, ``Health.Watch``) hold a worker thread for as long as they are open. Every
+server gives them a budget of their own (``max_streams``, 16 unless a service says otherwise) —
+that many threads more, and a refusal (``RESOURCE_EXHAUSTED``, naming the cap) for a stream past
+it (``StreamBudget``) — so open streams never starve unary calls, whoever opens them (the health
+service's ``Watch`` streams exist on every server). ``socket_mode`` (0600) and ``dir_mode``
+(0755) set the socket's and a created socket directory's modes explicitly, whatever the
+process's umask: every gpuslice socket's clients run as root (kubelet, the hook, our services).
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ from gpuslice_core.logging import get_logger
 log = get_logger(__name__)
 
 AddServicer = Callable[[Any, grpc.Server], None]
+
+#: Streams a server serves at once unless its service says otherwise.
+DEFAULT_MAX_STREAMS = 16
 
 
 def _abort(context: grpc.ServicerContext, method: str, exc: Exception) -> None:
@@ -201,37 +206,31 @@ class UnixGrpcServer:
         *,
         name: str,
         max_workers: int = 8,
-        max_streams: int | None = None,
+        max_streams: int = DEFAULT_MAX_STREAMS,
         stream_methods: int = 0,
-        socket_mode: int | None = None,
-        dir_mode: int | None = None,
+        socket_mode: int = 0o600,
+        dir_mode: int = 0o755,
         interceptors: Iterable[grpc.ServerInterceptor] = (),
     ) -> None:
-        """``max_workers`` threads serve unary calls; with ``max_streams``, that many more serve
-        streams and a stream past them is refused (``StreamBudget``); with ``stream_methods``
-        too, the budget is per streaming method (that many of them, each with ``max_streams``
-        threads); without it streams share the ``max_workers`` threads. ``socket_mode``: the
-        sockets' mode; ``dir_mode``: the mode of socket directories this server creates
-        (existing ones are left as they are); None leaves either to the umask."""
+        """``max_workers`` threads serve unary calls; ``max_streams`` more serve streams and a
+        stream past them is refused (``StreamBudget``); with ``stream_methods``, the budget is
+        per streaming method (that many of them, each with ``max_streams`` threads).
+        ``socket_mode``: the sockets' mode; ``dir_mode``: the mode of socket directories this
+        server creates (existing ones are left as they are)."""
         if not sockets:
             raise ValueError("UnixGrpcServer needs at least one socket path")
         self.sockets = [Path(s) for s in sockets]
         self.name = name
         self.health = health.HealthServicer()
-        self.streams = (
-            StreamBudget(max_streams, name, per_method=stream_methods > 0)
-            if max_streams is not None
-            else None
-        )
-        stream_threads = (max_streams or 0) * max(1, stream_methods)
+        self.streams = StreamBudget(max_streams, name, per_method=stream_methods > 0)
+        stream_threads = max_streams * max(1, stream_methods)
         self._socket_mode = socket_mode
         self._dir_mode = dir_mode
-        budget = [self.streams] if self.streams is not None else []
         self._server = grpc.server(
             futures.ThreadPoolExecutor(
                 max_workers=max_workers + stream_threads, thread_name_prefix=name
             ),
-            interceptors=[ErrorInterceptor(), *budget, *interceptors],
+            interceptors=[ErrorInterceptor(), self.streams, *interceptors],
             options=[("grpc.so_reuseport", 0)],
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
@@ -254,17 +253,13 @@ class UnixGrpcServer:
         """
         bound: list[tuple[Path, Path]] = []
         for index, path in enumerate(self.sockets):
-            if self._dir_mode is None:
-                path.parent.mkdir(parents=True, exist_ok=True)
-            else:
-                make_dirs(path.parent, self._dir_mode)
+            make_dirs(path.parent, self._dir_mode)
             _refuse_non_socket(path)
             temporary = path.parent / f".{os.getpid()}.{index}.s"
             temporary.unlink(missing_ok=True)
             if self._server.add_insecure_port(f"unix://{temporary}") == 0:
                 raise OSError(f"{self.name}: cannot listen on unix socket {path}")
-            if self._socket_mode is not None:
-                temporary.chmod(self._socket_mode)  # bound, not listening yet: nobody is in
+            temporary.chmod(self._socket_mode)  # bound, not listening yet: nobody is in
             bound.append((temporary, path))
         for temporary, path in bound:
             temporary.replace(path)
