@@ -36,6 +36,7 @@ from pathlib import Path
 
 import grpc
 
+from gpuslice_enforcer import attachwire as wire
 from gpuslice_enforcer import hook
 from gpuslice_nvml.fake import FakeNvml, FakeNvmlControl
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
@@ -291,7 +292,7 @@ def stuck_client(path: Path) -> socket.socket:
     """A client that announces a 100-byte request, sends 2 bytes of it and holds."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.connect(str(path))
-    conn.sendall(hook.MAGIC + bytes([hook.METHOD_ATTACH]) + (100).to_bytes(4, "big") + b"\n\x02")
+    conn.sendall(wire.MAGIC + bytes([wire.METHOD_ATTACH]) + (100).to_bytes(4, "big") + b"\n\x02")
     return conn
 
 
@@ -334,7 +335,7 @@ def hostile(trials: int, containers: int) -> None:
                         "bench-hostile", "", f"ctr-{index}", os.getpid(), own
                     )
                     start = time.perf_counter()
-                    hook.call(str(proc.socket), hook.METHOD_ATTACH, message, time.monotonic() + 30)
+                    hook.call(str(proc.socket), wire.METHOD_ATTACH, message, time.monotonic() + 30)
                     times.append(time.perf_counter() - start)
             for first in (0, containers // 2, containers - 50):
                 window = sorted(times[first : first + 50])

@@ -23,6 +23,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from gpuslice_enforcer import attachwire as wire
 from gpuslice_enforcer import hook
 from gpuslice_nvml.fake import FakeNvml
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
@@ -82,7 +83,7 @@ def _share(proc: EnforcerProcess, claim: str = "uid-h") -> pb.CreateShareRespons
 
 
 def _attach_socket(proc: EnforcerProcess) -> Path:
-    return proc.socket.with_name(proc.socket.name + hook.ATTACH_SUFFIX)
+    return proc.socket.with_name(proc.socket.name + wire.ATTACH_SUFFIX)
 
 
 def _run_hook(
@@ -105,7 +106,7 @@ def _stuck(path: Path) -> socket.socket:
     """A client that announces a 100-byte request, sends 2 bytes of it and holds."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.connect(str(path))
-    conn.sendall(hook.MAGIC + bytes([hook.METHOD_ATTACH]) + (100).to_bytes(4, "big") + b"\n\x02")
+    conn.sendall(wire.MAGIC + bytes([wire.METHOD_ATTACH]) + (100).to_bytes(4, "big") + b"\n\x02")
     return conn
 
 
@@ -240,7 +241,7 @@ def test_cgroup_lines_that_climb_out_or_do_not_exist_are_refused(
     for line, error in probes.items():
         message = hook.attach_message("uid-h", "", "ctr-x", os.getpid(), [line])
         with pytest.raises(hook.HookError) as refused:
-            hook.call(str(proc.socket), hook.METHOD_ATTACH, message, time.monotonic() + 10)
+            hook.call(str(proc.socket), wire.METHOD_ATTACH, message, time.monotonic() + 10)
         assert str(refused.value).startswith(error)
     assert _containers(proc) == {}  # nothing recorded (was: the path that climbs out)
 
@@ -308,7 +309,7 @@ def test_containers_that_are_gone_are_forgotten(
         lines = [f"{'4:freezer' if 'freezer' in str(d) else '0:'}:/{d.name}" for d in dirs]
         message = hook.attach_message("uid-h", "", f"ctr-{index}", os.getpid(), lines)
         started = time.monotonic()
-        hook.call(str(proc.socket), hook.METHOD_ATTACH, message, time.monotonic() + 10)
+        hook.call(str(proc.socket), wire.METHOD_ATTACH, message, time.monotonic() + 10)
         times.append(time.monotonic() - started)
         cgroups.close()
     assert list(_containers(proc)) == ["ctr-999"]  # was all 1,000 (and attach 5-10x slower)
@@ -354,7 +355,7 @@ def test_error_messages_stay_bounded(workdir: Path, enforcers: list[EnforcerProc
     logged = proc.log.stat().st_size
     with pytest.raises(hook.HookError) as refused:
         message = hook.attach_message(huge, "", "ctr", os.getpid(), [])
-        hook.call(str(proc.socket), hook.METHOD_ATTACH, message, time.monotonic() + 10)
+        hook.call(str(proc.socket), wire.METHOD_ATTACH, message, time.monotonic() + 10)
     assert str(refused.value) == "INVALID_ARGUMENT: claim_uid: 60000 characters; at most 256"
     with proc.channel() as channel, pytest.raises(grpc.RpcError) as grpc_refused:
         pb_grpc.EnforcerContainersStub(channel).AttachContainer(

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from gpuslice_core.errors import NotFoundError
+from gpuslice_enforcer import attachwire as wire
 from gpuslice_enforcer import hook
 from gpuslice_enforcer.attachsocket import AttachSocketServer, Throttled, attach_socket_for
 from gpuslice_enforcer.servicer import ContainersServicer
@@ -164,7 +165,7 @@ def grpc_socket() -> Iterator[Path]:
         directory.rmdir()
 
 
-def _call(path: Path, message: bytes, method: int = hook.METHOD_ATTACH, within: float = 5) -> str:
+def _call(path: Path, message: bytes, method: int = wire.METHOD_ATTACH, within: float = 5) -> str:
     return hook.call(str(path), method, message, time.monotonic() + within)
 
 
@@ -180,7 +181,7 @@ def test_attach_and_detach_through_the_socket(grpc_socket: Path) -> None:
         assert list(servicer.requests[0].cgroup_lines) == CGROUP_LINES
         with pytest.raises(hook.HookError, match="NOT_FOUND: no share for claim other"):
             _call(grpc_socket, hook.attach_message("other", "", "ctr-2", 42, []))
-        assert _call(grpc_socket, hook.detach_message("known", "ctr-1"), hook.METHOD_DETACH) == (
+        assert _call(grpc_socket, hook.detach_message("known", "ctr-1"), wire.METHOD_DETACH) == (
             "detached ctr-1"
         )
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:  # not the hook
@@ -190,7 +191,7 @@ def test_attach_and_detach_through_the_socket(grpc_socket: Path) -> None:
         assert reply[0] == 3 and b"not a gpuslice hook request" in reply  # INVALID_ARGUMENT
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:  # a hook killed mid-call
             raw.connect(str(attach_socket_for(grpc_socket)))
-            raw.sendall(hook.frame(hook.METHOD_ATTACH, b"\x0a\x05known")[:-3])
+            raw.sendall(hook.frame(wire.METHOD_ATTACH, b"\x0a\x05known")[:-3])
             raw.shutdown(socket.SHUT_WR)
             reply = raw.recv(4096)
         assert reply[0] == 3 and b"request cut short: connection closed after 4 of 7" in reply
@@ -223,7 +224,7 @@ def _stuck(path: Path) -> socket.socket:
     """A client that announces a 100-byte request, sends 2 bytes of it and holds."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.connect(str(path))
-    conn.sendall(hook.MAGIC + bytes([hook.METHOD_ATTACH]) + (100).to_bytes(4, "big") + b"\n\x02")
+    conn.sendall(wire.MAGIC + bytes([wire.METHOD_ATTACH]) + (100).to_bytes(4, "big") + b"\n\x02")
     return conn
 
 
@@ -374,13 +375,13 @@ def test_error_messages_stay_bounded(grpc_socket: Path) -> None:
     try:
         with pytest.raises(hook.HookError) as loud:
             _call(grpc_socket, hook.attach_message("known", "", "c" * 60_000, 1, []))
-        assert len(str(loud.value)) < hook.MAX_TEXT + 100
+        assert len(str(loud.value)) < wire.MAX_TEXT + 100
         assert str(loud.value).endswith(
             f"… ({len('no container ') + 60_000 - 1024} more characters)"
         )
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
             raw.connect(str(path))
-            raw.sendall(hook.MAGIC + bytes([hook.METHOD_ATTACH]) + (1 << 30).to_bytes(4, "big"))
+            raw.sendall(wire.MAGIC + bytes([wire.METHOD_ATTACH]) + (1 << 30).to_bytes(4, "big"))
             assert _reply(raw) == (3, "request of 1073741824 bytes; at most 65536")
     finally:
         server.stop()

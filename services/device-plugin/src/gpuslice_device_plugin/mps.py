@@ -26,11 +26,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
-
 from gpuslice_api.enforcer import cdi_edits, level_name, mechanism_name
 from gpuslice_core import cdi
 from gpuslice_core.errors import FailedPreconditionError, GpusliceError
+from gpuslice_core.grpcclient import UnixClient
 from gpuslice_core.logging import get_logger
 from gpuslice_device_plugin.devices import Device, Resource
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
@@ -116,18 +115,12 @@ class EnforcerClient:
     def __init__(self, socket: Path, *, timeout: float = 30.0) -> None:
         self.socket = socket
         self.timeout = timeout
+        self._client = UnixClient(
+            socket, "enforcer", pb_grpc.EnforcerStub, timeout=timeout, wait_for_ready=True
+        )
 
     def _call(self, what: str, method: str, request: object) -> object:
-        with grpc.insecure_channel(f"unix://{self.socket}") as channel:
-            stub = pb_grpc.EnforcerStub(channel)
-            try:
-                return getattr(stub, method)(request, timeout=self.timeout, wait_for_ready=True)
-            except grpc.RpcError as exc:
-                code = exc.code().name if hasattr(exc, "code") else "UNKNOWN"
-                details = exc.details() if hasattr(exc, "details") else str(exc)
-                raise EnforcerError(
-                    f"enforcer {method} for {what} ({self.socket}): {code}: {details}"
-                ) from exc
+        return self._client.call(method, request, what=what)
 
     def ours(self) -> dict[str, tuple[int, int]]:
         """The enforcer's shares of device-plugin replicas: claim UID → (cores, memory)."""

@@ -45,16 +45,16 @@ from gpuslice_core.errors import GpusliceError
 from gpuslice_core.files import make_dirs
 from gpuslice_core.grpcserver import refuse_non_socket, remove_stale_socket
 from gpuslice_core.logging import get_logger
-from gpuslice_enforcer.hook import (
+from gpuslice_enforcer.attachwire import (
     ATTACH_SUFFIX,
     MAGIC,
     MAX_TEXT,
     METHOD_ATTACH,
     METHOD_DETACH,
     STATUS_OK,
-    attached_line,
     bounded,
 )
+from gpuslice_enforcer.hook import attached_line
 from gpuslice_enforcer.servicer import ContainersServicer
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
 

@@ -37,43 +37,25 @@ import os
 import sys
 import time
 
+from gpuslice_enforcer.attachwire import (
+    ATTACH_SUFFIX,
+    MAGIC,
+    MAX_REPLY,
+    MAX_TEXT,
+    METHOD_ATTACH,
+    METHOD_DETACH,
+    STATUS_NAMES,
+    STATUS_OK,
+    bounded,
+)
+
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (7 ms); mypy knows the name
 if TYPE_CHECKING:
     from gpuslice_protos.gpuslice.v1.enforcer_pb2 import AttachContainerResponse
 
+
 EXIT_FAILED = 1
 EXIT_USAGE = 2
-
-MAGIC = b"GSH1"
-METHOD_ATTACH = 1
-METHOD_DETACH = 2
-STATUS_OK = 0
-#: The attach socket's name: the gRPC socket's own (the link's target) plus this suffix.
-ATTACH_SUFFIX = ".attach"
-#: Largest reply the hook reads; a longer one is a protocol error.
-MAX_REPLY = 1 << 16
-#: Longest text the hook prints, and the attach socket sends or logs, for one error.
-MAX_TEXT = 1024
-#: gRPC status codes by number, for the gRPC fallback's and the attach socket's messages.
-STATUS_NAMES = (
-    "OK",
-    "CANCELLED",
-    "UNKNOWN",
-    "INVALID_ARGUMENT",
-    "DEADLINE_EXCEEDED",
-    "NOT_FOUND",
-    "ALREADY_EXISTS",
-    "PERMISSION_DENIED",
-    "RESOURCE_EXHAUSTED",
-    "FAILED_PRECONDITION",
-    "ABORTED",
-    "OUT_OF_RANGE",
-    "UNIMPLEMENTED",
-    "INTERNAL",
-    "UNAVAILABLE",
-    "DATA_LOSS",
-    "UNAUTHENTICATED",
-)
 
 USAGE = (
     "usage: gpuslice-enforcer-hook {attach,detach} --socket PATH --claim-uid UID "
@@ -228,14 +210,6 @@ def attach_socket_path(socket: str) -> str:
     if not target.startswith("/"):
         target = os.path.join(os.path.dirname(socket), target)
     return target + ATTACH_SUFFIX
-
-
-def bounded(text: str, limit: int = MAX_TEXT) -> str:
-    """``text``, cut to ``limit`` characters (and saying so): no error message grows with what a
-    client sent."""
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}… ({len(text) - limit} more characters)"
 
 
 def _remaining(sock: _socket.socket, deadline: float) -> None:

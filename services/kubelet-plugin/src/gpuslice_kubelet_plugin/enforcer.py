@@ -10,21 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
-
-import grpc
+from typing import Protocol
 
 from gpuslice_api.enforcer import cdi_edits, level_name, mechanism_name
 from gpuslice_core import cdi
 from gpuslice_core.errors import (
     FailedPreconditionError,
-    GpusliceError,
-    InvalidArgumentError,
-    NotFoundError,
-    ResourceExhaustedError,
-    TransientError,
-    UnsupportedError,
 )
+from gpuslice_core.grpcclient import UnixClient
 from gpuslice_kubelet_plugin.claims import PodRef
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2_grpc as pb_grpc
@@ -113,25 +106,6 @@ class NoEnforcer:
         return {}
 
 
-_CODES: dict[grpc.StatusCode, type[GpusliceError]] = {
-    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
-    grpc.StatusCode.NOT_FOUND: NotFoundError,
-    grpc.StatusCode.FAILED_PRECONDITION: FailedPreconditionError,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhaustedError,
-    grpc.StatusCode.UNIMPLEMENTED: UnsupportedError,
-}
-
-
-def rpc_error(what: str, exc: grpc.RpcError) -> GpusliceError:
-    """A gRPC failure of a sidecar call as a gpuslice error (UNAVAILABLE etc. are transient)."""
-    code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
-    details = exc.details() if hasattr(exc, "details") else str(exc)
-    cls = _CODES.get(code, TransientError)
-    err = cls(f"{what}: {code.name}: {details}")
-    err.__cause__ = exc
-    return err
-
-
 class GrpcEnforcer:
     """The enforcer sidecar over its unix socket."""
 
@@ -140,19 +114,11 @@ class GrpcEnforcer:
     def __init__(self, socket: Path, *, timeout: float = 10.0) -> None:
         self.socket = socket
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(f"unix://{socket}")
-        self._stub = pb_grpc.EnforcerStub(self._channel)
-
-    def _call(self, what: str, method: Any, request: Any) -> Any:
-        try:
-            return method(request, timeout=self.timeout)
-        except grpc.RpcError as exc:
-            raise rpc_error(f"enforcer {what} ({self.socket})", exc) from exc
+        self._client = UnixClient(socket, "enforcer", pb_grpc.EnforcerStub, timeout=timeout)
 
     def create_share(self, request: ShareRequest) -> ShareGrant:
-        reply = self._call(
+        reply = self._client.call(
             "CreateShare",
-            self._stub.CreateShare,
             pb.CreateShareRequest(
                 claim_uid=request.claim_uid,
                 claim_namespace=request.namespace,
@@ -181,19 +147,15 @@ class GrpcEnforcer:
         )
 
     def release_share(self, claim_uid: str) -> bool:
-        reply = self._call(
-            "ReleaseShare", self._stub.ReleaseShare, pb.ReleaseShareRequest(claim_uid=claim_uid)
-        )
+        reply = self._client.call("ReleaseShare", pb.ReleaseShareRequest(claim_uid=claim_uid))
         return bool(reply.released)
 
     def share_claims(self) -> list[str]:
-        reply = self._call("GetUsage", self._stub.GetUsage, pb.GetUsageRequest())
+        reply = self._client.call("GetUsage", pb.GetUsageRequest())
         return [share.claim_uid for share in reply.shares]
 
     def capabilities(self) -> dict[str, GpuEnforcement]:
-        reply = self._call(
-            "GetCapabilities", self._stub.GetCapabilities, pb.GetCapabilitiesRequest()
-        )
+        reply = self._client.call("GetCapabilities", pb.GetCapabilitiesRequest())
         return {
             gpu.uuid: GpuEnforcement(
                 level=level_name(gpu.level),
@@ -204,4 +166,4 @@ class GrpcEnforcer:
         }
 
     def close(self) -> None:
-        self._channel.close()
+        self._client.close()

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
-
-import grpc
+from typing import Protocol
 
 from gpuslice_core.errors import FailedPreconditionError
-from gpuslice_kubelet_plugin.enforcer import rpc_error
+from gpuslice_core.grpcclient import UnixClient
 from gpuslice_protos.gpuslice.v1 import migmanager_pb2 as pb
 from gpuslice_protos.gpuslice.v1 import migmanager_pb2_grpc as pb_grpc
 
@@ -80,21 +78,13 @@ class GrpcMigManager:
     def __init__(self, socket: Path, *, timeout: float = 30.0) -> None:
         self.socket = socket
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(f"unix://{socket}")
-        self._stub = pb_grpc.MigManagerStub(self._channel)
-
-    def _call(self, what: str, method: Any, request: Any) -> Any:
-        try:
-            return method(request, timeout=self.timeout)
-        except grpc.RpcError as exc:
-            raise rpc_error(f"mig-manager {what} ({self.socket})", exc) from exc
+        self._client = UnixClient(socket, "mig-manager", pb_grpc.MigManagerStub, timeout=timeout)
 
     def create(
         self, gpu_uuid: str, profile: str, placement_start: int, claim_uid: str
     ) -> MigInstance:
-        reply = self._call(
+        reply = self._client.call(
             "CreateInstance",
-            self._stub.CreateInstance,
             pb.CreateInstanceRequest(
                 gpu_uuid=gpu_uuid,
                 profile_name=profile,
@@ -105,9 +95,8 @@ class GrpcMigManager:
         return _instance(reply.instance)
 
     def destroy(self, gpu_uuid: str, gpu_instance_id: int, owner: str) -> bool:
-        reply = self._call(
+        reply = self._client.call(
             "DestroyInstance",
-            self._stub.DestroyInstance,
             pb.DestroyInstanceRequest(
                 gpu_uuid=gpu_uuid, gpu_instance_id=gpu_instance_id, owner=owner
             ),
@@ -115,7 +104,7 @@ class GrpcMigManager:
         return bool(reply.changed)
 
     def owned(self) -> list[MigInstance]:
-        reply = self._call("ListGpus", self._stub.ListGpus, pb.ListGpusRequest())
+        reply = self._client.call("ListGpus", pb.ListGpusRequest())
         return [
             _instance(i)
             for gpu in reply.gpus
@@ -124,4 +113,4 @@ class GrpcMigManager:
         ]
 
     def close(self) -> None:
-        self._channel.close()
+        self._client.close()
