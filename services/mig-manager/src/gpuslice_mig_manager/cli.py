@@ -1,9 +1,12 @@
-"""``gpuslice-mig-manager``: flags (each with an environment variable) and the entry point."""
+"""``gpuslice-mig-manager``: flags (each with an environment variable) → a frozen ``Settings``,
+and the entry point. Nothing past this module sees the parsed arguments."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from gpuslice_core.cli import EnvArgumentParser
@@ -14,6 +17,52 @@ from gpuslice_nvml import add_nvml_arguments
 
 DEFAULT_SOCKET = "/var/run/gpuslice/mig-manager.sock"
 DEFAULT_STATE_DIR = "/var/lib/gpuslice/mig-manager"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the MIG manager is told at start, checked."""
+
+    nvml: str
+    fake_nvml_config: str | None
+    state_dir: Path
+    socket: Path
+    node_name: str | None = None
+    kubeconfig: str | None = None
+    metrics_addr: str = ""
+    #: A mig-parted layout file, or NAMESPACE/NAME[:KEY] of a ConfigMap (at most one).
+    config_file: str | None = None
+    config_map: str | None = None
+    dynamic_mig: bool = False
+    reconcile_interval: float = 60.0
+    retry_initial: float = 1.0
+    retry_max: float = 60.0
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if self.config_file and self.config_map:
+            raise ValueError("--config-file and --config-map are mutually exclusive; give one")
+        if self.config_map and not self.node_name:
+            raise ValueError("--config-map needs --node-name (and Kubernetes access)")
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    return Settings(
+        nvml=args.nvml,
+        fake_nvml_config=args.fake_nvml_config,
+        state_dir=Path(args.state_dir),
+        socket=Path(args.socket),
+        node_name=args.node_name or None,
+        kubeconfig=args.kubeconfig or None,
+        metrics_addr=args.metrics_addr,
+        config_file=args.config_file or None,
+        config_map=args.config_map or None,
+        dynamic_mig=args.dynamic_mig,
+        reconcile_interval=args.reconcile_interval,
+        retry_initial=args.retry_initial,
+        retry_max=args.retry_max,
+        log_level=args.log_level,
+    )
 
 
 def _non_negative(value: str) -> float:
@@ -135,9 +184,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.probe:
         return 0 if check_health(Path(args.socket)) else 1
-    from gpuslice_mig_manager.server import run
+    try:
+        settings = settings_from(args)
+    except ValueError as exc:
+        print(f"gpuslice-mig-manager: {exc}", file=sys.stderr)
+        return 2
+    from gpuslice_mig_manager.app import run
 
-    return run(args)
+    return run(settings)
 
 
 if __name__ == "__main__":

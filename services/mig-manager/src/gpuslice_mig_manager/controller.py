@@ -31,13 +31,11 @@ import tenacity
 from gpuslice_core.errors import GpusliceError, TransientError
 from gpuslice_core.logging import get_logger
 from gpuslice_mig_manager.apply import LayoutResult, LayoutState, apply_layout
-from gpuslice_mig_manager.kube import LABEL_CONFIG, NodeReporter
+from gpuslice_mig_manager.kube import LABEL_CONFIG, NORMAL, WARNING, NodeReporter
 from gpuslice_mig_manager.manager import MigManager
 from gpuslice_mig_manager.sources import LayoutSource
 
 log = get_logger(__name__)
-
-NORMAL, WARNING = "Normal", "Warning"
 
 
 class _SupersededError(Exception):

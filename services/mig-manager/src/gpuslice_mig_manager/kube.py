@@ -23,6 +23,9 @@ from gpuslice_kube.raw import Obj, RawApi, resource_path
 from gpuslice_kube.reflector import Reflector
 from gpuslice_mig_manager.sources import ConfigMapLayouts
 
+#: Event types.
+NORMAL, WARNING = "Normal", "Warning"
+
 log = get_logger(__name__)
 
 LABEL_CONFIG = "gpuslice.dev/mig.config"

@@ -14,10 +14,14 @@ reported. Every difference is a :class:`Drift`, logged and counted.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
+
+import structlog
 
 from gpuslice_core.errors import GpusliceError, NotFoundError
 from gpuslice_core.logging import get_logger
+from gpuslice_mig_manager.kube import WARNING, NodeReporter
 from gpuslice_mig_manager.manager import MigManager, record_of
 from gpuslice_mig_manager.snapshot import GpuSnapshot
 
@@ -185,3 +189,37 @@ def _drop(manager: MigManager, key: str, *, forget: int | None = None, uuid: str
         st.intents.pop(key, None)
         if forget is not None:
             st.instances.pop(f"{uuid}/{forget}", None)
+
+
+class Reconciler:
+    """Runs :func:`reconcile` every ``interval`` seconds and reports new drift as Events."""
+
+    def __init__(self, manager: MigManager, reporter: NodeReporter, interval: float) -> None:
+        self.manager = manager
+        self.reporter = reporter
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="reconciler", daemon=True)
+
+    def once(self) -> None:
+        try:
+            drifts = reconcile(self.manager)
+        except GpusliceError as exc:
+            log.error("reconcile failed", error=str(exc))
+            return
+        for drift in drifts:
+            self.reporter.event(WARNING, "MigDrift", drift.message)
+
+    def start(self) -> None:
+        if self.interval > 0:
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(10)
+
+    def _run(self) -> None:
+        structlog.contextvars.bind_contextvars(component="mig-manager")  # a thread's own context
+        while not self._stop.wait(self.interval):
+            self.once()
