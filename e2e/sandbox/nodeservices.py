@@ -48,6 +48,7 @@ from e2e.sandbox.procs import Proc
 from gpuslice_core.grpcserver import check_health
 from gpuslice_kube.raw import RawApi
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2_grpc, migmanager_pb2_grpc
+from gpuslice_testkit.enforcer import stop_mps_daemons
 from gpuslice_testkit.kubelet_plugin.harness import write_node
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -234,8 +235,10 @@ class NodeServices:
 
     def stop(self, grace: float = 10) -> list[str]:
         """SIGTERM every service's process group, SIGKILL what is left after ``grace``;
-        returns the processes still alive afterwards (normally none)."""
+        returns the processes still alive afterwards (normally none). The MPS daemons the
+        enforcer leaves running for its clients are stopped too: nothing outlives the node."""
         left = procs.stop(list(self.running.values()), grace)
+        stop_mps_daemons(self.root / "mps")
         return left
 
 

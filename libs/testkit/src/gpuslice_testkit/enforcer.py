@@ -206,20 +206,8 @@ class EnforcerProcess(ServiceProcess):
         ]
 
     def stop_mps_daemons(self, timeout: float = 10.0) -> None:
-        """Stop every MPS control daemon started under this enforcer's MPS root, and wait until
-        they are gone (a daemon on its way out still writes its log)."""
-        pids = []
-        for pid_file in self.mps_root.glob("*/nvidia-cuda-mps-control.pid"):
-            with contextlib.suppress(ValueError, OSError):
-                pid = int(pid_file.read_text().strip())
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-                if b"mps_control" in cmdline or b"nvidia-cuda-mps-control" in cmdline:
-                    os.kill(pid, signal.SIGTERM)
-                    pids.append(pid)
-        deadline = time.monotonic() + timeout
-        for pid in pids:
-            while not _exited(pid) and time.monotonic() < deadline:
-                time.sleep(0.02)
+        """Stop every MPS control daemon started under this enforcer's MPS root."""
+        stop_mps_daemons(self.mps_root, timeout)
 
     @contextlib.contextmanager
     def channel(self) -> Iterator[grpc.Channel]:
@@ -312,3 +300,21 @@ def watch_violations(
 
     threading.Thread(target=pump, daemon=True).start()
     return got, call.cancel
+
+
+def stop_mps_daemons(mps_root: Path, timeout: float = 10.0) -> None:
+    """Stop every MPS control daemon started under ``mps_root`` and wait until they are gone
+    (a daemon on its way out still writes its log). The enforcer leaves them running on
+    purpose (clients keep their server across its restarts); a test must not."""
+    pids = []
+    for pid_file in mps_root.glob("*/nvidia-cuda-mps-control.pid"):
+        with contextlib.suppress(ValueError, OSError):
+            pid = int(pid_file.read_text().strip())
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if b"mps_control" in cmdline or b"nvidia-cuda-mps-control" in cmdline:
+                os.kill(pid, signal.SIGTERM)
+                pids.append(pid)
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        while not _exited(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
