@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+from dataclasses import FrozenInstanceError, fields
+
 import pytest
 
-from gpuslice_device_plugin.config import ConfigError, parse_config
+from gpuslice_device_plugin.cli import build_parser, parse
+from gpuslice_device_plugin.config import CommandLine, ConfigError, parse_config
 from gpuslice_testkit.device_plugin import settings
 
 NVIDIA_EXAMPLE = """
@@ -103,3 +106,14 @@ def test_bad_files_are_refused_naming_the_key(text: str, message: str) -> None:
 def test_bad_list_strategy_flag() -> None:
     with pytest.raises(ConfigError, match="'volumes' is not one of"):
         settings("", "--device-list-strategy=volumes")
+
+
+def test_every_flag_reaches_the_frozen_command_line() -> None:
+    """cli.command_line copies each parsed flag; a flag added to the parser but not to
+    CommandLine (or the other way round) fails here, not at a reload in production."""
+    parsed = set(vars(build_parser().parse_args([]))) - {"probe"}
+    assert {f.name for f in fields(CommandLine)} == parsed
+    args, probing = parse(["--mig-strategy=single", "--probe"])
+    assert (args.mig_strategy, probing) == ("single", True)
+    with pytest.raises(FrozenInstanceError):
+        args.mig_strategy = "mixed"  # type: ignore[misc]

@@ -3,7 +3,6 @@ config against a stand-in kubelet, and a bad config refused while the old one ke
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import signal
@@ -15,7 +14,8 @@ from typing import Any
 import pytest
 
 from gpuslice_device_plugin.allocate import Topology
-from gpuslice_device_plugin.cli import build_parser
+from gpuslice_device_plugin.cli import parse as parse_command_line
+from gpuslice_device_plugin.config import CommandLine
 from gpuslice_device_plugin.devices import discover
 from gpuslice_device_plugin.health import HealthTracker
 from gpuslice_device_plugin.metrics import Metrics
@@ -42,8 +42,9 @@ def short_dir() -> Iterator[Path]:
     shutil.rmtree(d, ignore_errors=True)
 
 
-def parse(*argv: str) -> argparse.Namespace:
-    return build_parser().parse_args(["--mode-check=false", "--metrics-addr=", *argv])
+def parse(*argv: str) -> CommandLine:
+    args, _ = parse_command_line(["--mode-check=false", "--metrics-addr=", *argv])
+    return args
 
 
 def test_fingerprint_follows_content_and_label(tmp_path: Path) -> None:
@@ -95,9 +96,7 @@ def test_node_label_change_asks_for_a_reload(tmp_path: Path) -> None:
     assert watchers.snapshot()[0][LABEL] == "four"
 
 
-def start(
-    nvml: Nvml, directory: Path, args: argparse.Namespace, labels: dict[str, str] | None
-) -> Plugin:
+def start(nvml: Nvml, directory: Path, args: CommandLine, labels: dict[str, str] | None) -> Plugin:
     settings = load_settings(args, labels)
     resources = discover(nvml, settings)
     manager = PluginManager(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import queue
 from pathlib import Path
 from typing import Any
@@ -10,7 +9,7 @@ from typing import Any
 import yaml
 
 from gpuslice_core.grpcserver import UnixGrpcServer
-from gpuslice_device_plugin.cli import build_parser
+from gpuslice_device_plugin.cli import parse
 from gpuslice_device_plugin.config import ConfigFile, Settings, parse_config, resolve
 from gpuslice_protos.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from gpuslice_protos.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
@@ -48,7 +47,7 @@ def write_node(directory: Path, doc: dict[str, Any], name: str) -> Path:
 
 def settings(config: str = "", *argv: str) -> Settings:
     """The effective settings for a config file text and command-line flags."""
-    args: argparse.Namespace = build_parser().parse_args(list(argv))
+    args, _ = parse(list(argv))
     file: ConfigFile | None = parse_config(config) if config else None
     return resolve(args, file)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from dataclasses import fields
 from pathlib import Path
 
 from gpuslice_api.nodemode import EXIT_REFUSED
@@ -20,7 +21,7 @@ from gpuslice_core.grpcserver import check_health
 from gpuslice_core.logging import LEVELS, configure, get_logger
 from gpuslice_device_plugin import __version__
 from gpuslice_device_plugin.cdispec import SPEC_MODES
-from gpuslice_device_plugin.config import ID_STRATEGIES, MIG_STRATEGIES, ConfigError
+from gpuslice_device_plugin.config import ID_STRATEGIES, MIG_STRATEGIES, CommandLine, ConfigError
 from gpuslice_device_plugin.node import REFUSED_REASON, KubeNode, refusal
 from gpuslice_device_plugin.podresources import DEFAULT_SOCKET as DEFAULT_POD_RESOURCES_SOCKET
 from gpuslice_device_plugin.reload import Control, load_settings
@@ -244,7 +245,7 @@ def probe(directory: Path) -> int:
     return 0 if sockets and all(check_health(s) for s in sockets) else 1
 
 
-def _node(args: argparse.Namespace) -> KubeNode | None:
+def _node(args: CommandLine) -> KubeNode | None:
     if not args.node_name:
         if args.mode_check or args.config_dir:
             why = "the mode check (--mode-check)" if args.mode_check else "--config-dir"
@@ -273,11 +274,22 @@ def _check_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
             )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def command_line(args: argparse.Namespace) -> CommandLine:
+    """The parsed flags, frozen: nothing past this module sees the ``argparse.Namespace``."""
+    return CommandLine(**{f.name: getattr(args, f.name) for f in fields(CommandLine)})
+
+
+def parse(argv: Sequence[str] | None = None) -> tuple[CommandLine, bool]:
+    """The command line and whether ``--probe`` was asked for (exits 2 on a usage error)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     _check_paths(parser, args)
-    if args.probe:
+    return command_line(args), args.probe
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args, probing = parse(argv)
+    if probing:
         return probe(Path(args.device_plugins_dir))
     configure(component="device-plugin", level=args.log_level)
     try:

@@ -14,7 +14,6 @@ label, else the default, else the only one — the rules of NVIDIA's config-mana
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -233,15 +232,48 @@ class Settings:
         return all(s.startswith("cdi-") for s in self.device_list_strategies)
 
 
+@dataclass(frozen=True)
+class CommandLine:
+    """The plugin's flags as given at start (``None``: not given, so the config file's value
+    or the built-in default applies), frozen. ``cli`` makes it; every reload resolves the
+    config against it again."""
+
+    cdi_root: str
+    cdi_spec: str
+    config_dir: str | None
+    config_file: str | None
+    config_label: str
+    config_poll_interval: float
+    default_config: str | None
+    device_id_strategy: str | None
+    device_list_strategy: str | None
+    device_plugins_dir: str
+    enforcer_socket: str | None
+    fail_on_init_error: bool | None
+    fake_nvml_config: str | None
+    health_check_interval: float
+    health_recovery: bool
+    ignored_xids: frozenset[int]
+    kubeconfig: str | None
+    log_level: str
+    metrics_addr: str
+    mig_strategy: str | None
+    mode_check: bool
+    node_name: str | None
+    nvml: str
+    pass_device_specs: bool | None
+    pod_resources_socket: str
+    shared_allocation_policy: str
+    xid_quiet_period: float
+
+
 def _pick(flag: Any, file: Any, default: Any) -> Any:
     if flag is not None:
         return flag
     return default if file is None else file
 
 
-def resolve(
-    args: argparse.Namespace, file: ConfigFile | None, *, config_name: str = ""
-) -> Settings:
+def resolve(args: CommandLine, file: ConfigFile | None, *, config_name: str = "") -> Settings:
     """Merge the parsed flags (``None`` = not given) with the config file."""
     f = file.flags if file is not None else Flags()
     list_strategy = _pick(args.device_list_strategy, f.plugin.deviceListStrategy, "envvar")

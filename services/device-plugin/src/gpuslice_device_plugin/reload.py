@@ -20,7 +20,6 @@ and the running config keeps serving. The same inputs are not tried again until 
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import queue
 import signal
@@ -30,6 +29,7 @@ from types import FrameType
 
 from gpuslice_core.logging import get_logger
 from gpuslice_device_plugin.config import (
+    CommandLine,
     ConfigError,
     ConfigFile,
     Settings,
@@ -45,9 +45,7 @@ log = get_logger(__name__)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 
 
-def _config(
-    args: argparse.Namespace, labels: dict[str, str] | None
-) -> tuple[ConfigFile | None, str]:
+def _config(args: CommandLine, labels: dict[str, str] | None) -> tuple[ConfigFile | None, str]:
     """The config file this node uses and its name ("" for --config-file or none)."""
     if args.config_file and args.config_dir:
         raise ConfigError("--config-file and --config-dir: give one of them, not both")
@@ -66,7 +64,7 @@ def _config(
     return selected.config, selected.name
 
 
-def load_settings(args: argparse.Namespace, labels: dict[str, str] | None) -> Settings:
+def load_settings(args: CommandLine, labels: dict[str, str] | None) -> Settings:
     """Read, select and decode the config and merge it with the flags; ``ConfigError`` names
     the key or the file that is wrong."""
     file, name = _config(args, labels)
@@ -79,7 +77,7 @@ def load_settings(args: argparse.Namespace, labels: dict[str, str] | None) -> Se
     return settings
 
 
-def fingerprint(args: argparse.Namespace, label_value: str | None) -> str:
+def fingerprint(args: CommandLine, label_value: str | None) -> str:
     """A digest of everything the config is made of: the label value and the files' names and
     contents (an unreadable file counts by its error)."""
     h = hashlib.sha256(repr(label_value).encode())
@@ -156,7 +154,7 @@ class Watchers:
 
     def __init__(
         self,
-        args: argparse.Namespace,
+        args: CommandLine,
         control: Control,
         raw_api: RawApi | None,
         labels: dict[str, str] | None,

@@ -4,7 +4,6 @@ metrics. The main thread serves until a stop signal and runs the reloads that th
 
 from __future__ import annotations
 
-import argparse
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +13,7 @@ from gpuslice_core.errors import GpusliceError
 from gpuslice_core.logging import get_logger
 from gpuslice_device_plugin.allocate import Topology, container_response
 from gpuslice_device_plugin.cdispec import write_spec
-from gpuslice_device_plugin.config import Settings
+from gpuslice_device_plugin.config import CommandLine, ConfigError, Settings
 from gpuslice_device_plugin.devices import Resource, discover, unknown_shared_resources
 from gpuslice_device_plugin.health import HealthTracker
 from gpuslice_device_plugin.metrics import Metrics
@@ -29,13 +28,13 @@ from gpuslice_device_plugin.usage import (
     Sources,
     device_limits,
 )
-from gpuslice_nvml import Nvml, NvmlError, nvml_from_args
+from gpuslice_nvml import Nvml, NvmlError, open_nvml
 
 log = get_logger(__name__)
 
 
-def _init(args: argparse.Namespace, settings: Settings) -> tuple[Nvml, list[Resource]]:
-    nvml = nvml_from_args(args)
+def _init(args: CommandLine, settings: Settings) -> tuple[Nvml, list[Resource]]:
+    nvml = open_nvml(args.nvml, args.fake_nvml_config)
     try:
         resources = discover(nvml, settings)
     except BaseException:
@@ -45,12 +44,14 @@ def _init(args: argparse.Namespace, settings: Settings) -> tuple[Nvml, list[Reso
 
 
 def _mps_shares(
-    args: argparse.Namespace, settings: Settings, nvml: Nvml, resources: list[Resource]
+    args: CommandLine, settings: Settings, nvml: Nvml, resources: list[Resource]
 ) -> dict[str, ReplicaShare]:
     """The enforcer's share of every MPS replica (idempotent; shares of another configuration
     are released)."""
     if not any(r.sharing == "mps" for r in resources):
         return {}
+    if not args.enforcer_socket:  # load_settings refuses sharing.mps without it
+        raise ConfigError("sharing.mps needs --enforcer-socket (ENFORCER_SOCKET)")
     visibility = {
         d.id: container_response(
             r,
@@ -81,7 +82,7 @@ def _tell_node(
 
 
 def _container_metrics(
-    args: argparse.Namespace,
+    args: CommandLine,
     nvml: Nvml,
     resources: list[Resource],
     shares: dict[str, ReplicaShare],
@@ -121,7 +122,7 @@ def _device_table(
 class Plugin:
     """The running configuration and what a reload swaps."""
 
-    args: argparse.Namespace
+    args: CommandLine
     nvml: Nvml
     node: KubeNode | None
     settings: Settings
@@ -208,7 +209,7 @@ RELOADED_REASON = "DevicePluginConfigReloaded"
 
 
 def run(
-    args: argparse.Namespace,
+    args: CommandLine,
     settings: Settings,
     node: KubeNode | None,
     control: Control,
