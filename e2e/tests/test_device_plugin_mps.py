@@ -5,6 +5,7 @@ container gets a replica whose limits the enforcer holds and states in the pod's
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -31,7 +32,9 @@ def services(sandbox: ControlPlane) -> Iterator[NodeServices]:
         sandbox, [{"model": "L4", "count": 1}], enforcer=True, nvml={"driverVersion": "615.20"}
     )
     yield running
-    assert running.stop() == [], running.logs()
+    left = running.stop()
+    assert left == [], running.logs()
+    shutil.rmtree(running.root, ignore_errors=True)
 
 
 def printing_pod(namespace: str, name: str, count: int) -> Obj:
