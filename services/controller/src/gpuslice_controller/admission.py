@@ -91,13 +91,24 @@ def parse(body: bytes) -> tuple[Request, str]:
     return request, problem
 
 
+def text_at(obj: object, *path: str) -> str | None:
+    """The string at ``path`` in a decoded review, cut to 253 characters (a name's limit);
+    None when a step is not an object or the value is not a string. For log lines and
+    messages: a review of the wrong shape must still be answered, and named."""
+    for key in path:
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(key)
+    return obj[:253] if isinstance(obj, str) else None
+
+
 def answer(webhook: str, body: bytes, reviewer: Reviewer) -> bytes:
     """The response body for an AdmissionReview ``body``; raises ``BadReviewError``."""
     start = time.perf_counter()
     request, problem = parse(body)
     try:
         if problem:
-            what = str((request.get("kind") or {}).get("kind") or "object")
+            what = text_at(request, "kind", "kind") or "object"
             decision = Decision.deny(
                 f"gpuslice-controller cannot decode this {what}: {problem}; no gpuslice "
                 "component could read it"
@@ -106,10 +117,11 @@ def answer(webhook: str, body: bytes, reviewer: Reviewer) -> bytes:
             decision = reviewer(request)
         result = "patched" if decision.patch else ("allowed" if decision.allowed else "denied")
     except Exception as exc:  # a bug must answer, not hang the API server's call
-        log.exception("reviewer failed", webhook=webhook, uid=request["uid"])
+        log.exception("reviewer failed", webhook=webhook, uid=text_at(request, "uid"))
         decision = Decision.deny(f"gpuslice-controller could not review this object: {exc}")
         result = "error"
-    response: dict[str, Any] = {"uid": request["uid"], "allowed": decision.allowed}
+    uid = request["uid"] if isinstance(request["uid"], str) else untrusted.shown(request["uid"])
+    response: dict[str, Any] = {"uid": uid, "allowed": decision.allowed}
     if not decision.allowed:
         response["status"] = {"code": 403, "reason": "Forbidden", "message": decision.message}
     if decision.warnings:
@@ -120,17 +132,15 @@ def answer(webhook: str, body: bytes, reviewer: Reviewer) -> bytes:
     elapsed = time.perf_counter() - start
     REVIEWS.labels(webhook, result).inc()
     DURATION.labels(webhook).observe(elapsed)
-    kind = request.get("kind") or {}
     log.info(
         "admission",
         webhook=webhook,
-        uid=request["uid"],
-        kind=kind.get("kind"),
-        version=kind.get("version"),
-        namespace=request.get("namespace"),
-        name=request.get("name")
-        or ((request.get("object") or {}).get("metadata") or {}).get("name"),
-        operation=request.get("operation"),
+        uid=uid[:253],
+        kind=text_at(request, "kind", "kind"),
+        version=text_at(request, "kind", "version"),
+        namespace=text_at(request, "namespace"),
+        name=text_at(request, "name") or text_at(request, "object", "metadata", "name"),
+        operation=text_at(request, "operation"),
         result=result,
         message=decision.message or None,
         warnings=len(decision.warnings) or None,

@@ -11,14 +11,23 @@ Paths: ``POST /validate`` and ``POST /mutate`` (AdmissionReview v1), ``GET /heal
 process answers), ``GET /readyz`` (a certificate is loaded and the caches the reviewers need
 have synced) and, when a view is given, ``GET /view/...`` (``viewapi``: the cluster view as
 JSON, for authenticated and authorized callers).
+
+What a client can take is bounded, since the review paths need no credentials (issue 27): a
+place among ``MAX_CONNECTIONS`` and a deadline per phase (``connections``); a request line of
+``MAX_LINE`` bytes and ``MAX_HEADER_BYTES`` of request line and headers together (431/414
+beyond); a body of ``MAX_BODY`` bytes with a valid ``Content-Length`` (411, 400, 413 otherwise,
+and the connection closed without reading it), read by at most ``BODY_SLOTS`` requests at once.
+Every malformed request gets a 4xx with the reason.
 """
 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
 import socket
 import ssl
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from http import HTTPStatus
@@ -30,14 +39,23 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 
 from gpuslice_controller import admission, viewapi
+from gpuslice_controller.connections import (
+    HANDSHAKE_TIMEOUT,
+    IDLE_TIMEOUT,
+    REQUEST_TIMEOUT,
+    Connection,
+    Connections,
+)
 from gpuslice_core.logging import get_logger
 
 log = get_logger(__name__)
 
 MAX_BODY = 3 * 1024 * 1024
 """The API server's request limit; no AdmissionReview is larger."""
-HANDSHAKE_TIMEOUT = 10.0
-IDLE_TIMEOUT = 120.0
+MAX_LINE = 8 * 1024
+MAX_HEADER_BYTES = 32 * 1024
+#: Requests reading a body at once (each up to MAX_BODY): memory a flood of bodies can take.
+BODY_SLOTS = 8
 
 
 class ServingCert:
@@ -83,14 +101,47 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
     allow_reuse_address = True
+    request_queue_size = 128
 
     def __init__(self, addr: tuple[str, int], app: WebhookServer) -> None:
         self.app = app
+        self.connections = Connections()
+        self.body_slots = threading.BoundedSemaphore(BODY_SLOTS)
+        # socket id -> its place, from admission (the accept loop) to its thread
+        self._admitted: dict[int, Connection] = {}
         if ":" in addr[0]:
             self.address_family = socket.AF_INET6
-        super().__init__(addr, _Handler)
+        # finish_request builds each _Handler itself, with its Connection
+        super().__init__(addr, _Handler)  # type: ignore[arg-type]
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A connection that failed under its handler (a client gone mid-answer, one the reaper
+        cut) is one debug line, not a traceback on stderr; anything else is logged in full."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, OSError):
+            log.debug("connection ended", client=client_address[0], error=str(exc))
+        else:
+            log.exception("webhook connection failed", client=client_address[0])
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """Admit the connection (or close it at once) before a thread is spent on it."""
+        conn = self.connections.admit(request, str(client_address[0]))
+        if conn is None:
+            self.shutdown_request(request)
+            return
+        self._admitted[id(request)] = conn
+        super().process_request(request, client_address)
 
     def finish_request(self, request: Any, client_address: Any) -> None:
+        conn = self._admitted.pop(id(request))
+        try:
+            self._serve(request, client_address, conn)
+        finally:
+            # The place is released before the socket closes (shutdown_request, after this),
+            # so the reaper never cuts a file descriptor another connection reuses.
+            self.connections.release(conn)
+
+    def _serve(self, request: Any, client_address: Any, conn: Connection) -> None:
         context = self.app.cert.context()
         if context is None:
             return  # not ready: close without a word, the API server retries
@@ -100,16 +151,38 @@ class _Server(ThreadingHTTPServer):
         # every review's round trip (bench/bench_controller.py, docs/controller.md "Figures").
         request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            tls = context.wrap_socket(request, server_side=True)
+            tls = context.wrap_socket(request, server_side=True, do_handshake_on_connect=False)
+            conn.sock = tls  # the plain socket object is detached now; the reaper cuts this one
+            tls.do_handshake()
         except (ssl.SSLError, OSError) as exc:
             log.debug("tls handshake failed", client=client_address[0], error=str(exc))
             return
-        tls.settimeout(IDLE_TIMEOUT)
+        tls.settimeout(IDLE_TIMEOUT)  # a second guard; the reaper holds the real deadlines
         try:
-            _Handler(tls, client_address, self)
+            _Handler(tls, client_address, self, conn)
         finally:
+            self.connections.release(conn)
             with contextlib.suppress(OSError):
                 tls.close()
+
+
+class _HeaderBudget:
+    """The handler's input while it reads a request's headers: ``readline`` fails with
+    ``LineTooLong`` (which the standard library answers with 431) once the request line and
+    headers together pass ``MAX_HEADER_BYTES``."""
+
+    def __init__(self, raw: Any, budget: int) -> None:
+        self._raw = raw
+        self.left = budget
+
+    def readline(self, size: int = -1) -> bytes:
+        if self.left <= 0:
+            raise http.client.LineTooLong(f"headers over {MAX_HEADER_BYTES} bytes")
+        line: bytes = self._raw.readline(min(size, self.left + 1) if size >= 0 else self.left + 1)
+        self.left -= len(line)
+        if self.left < 0:
+            raise http.client.LineTooLong(f"headers over {MAX_HEADER_BYTES} bytes")
+        return line
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -120,8 +193,58 @@ class _Handler(BaseHTTPRequestHandler):
     wbufsize = 64 * 1024
     server: _Server
 
+    def __init__(self, request: Any, client_address: Any, server: _Server, conn: Connection):
+        self.conn = conn
+        super().__init__(request, client_address, server)
+
     def log_message(self, format: str, *args: Any) -> None:
         return  # one structured line per review comes from admission.answer
+
+    def finish(self) -> None:
+        with contextlib.suppress(OSError):  # the client left, or the reaper cut the connection
+            super().finish()
+
+    def handle_one_request(self) -> None:
+        """The standard library's, with the limits above: the request line and headers within
+        their byte budget, the whole request within its deadline."""
+        self.conn.enter("idle", IDLE_TIMEOUT)
+        try:
+            line = self.rfile.readline(MAX_LINE + 1)
+        except OSError:  # cut by the reaper, reset by the client, or the guard timeout
+            self.close_connection = True
+            return
+        if not line:
+            self.close_connection = True
+            return
+        self.conn.enter("request", REQUEST_TIMEOUT)
+        self.raw_requestline = line
+        if len(line) > MAX_LINE:
+            self.requestline = self.request_version = self.command = ""
+            self.close_connection = True
+            self.send_error(HTTPStatus.REQUEST_URI_TOO_LONG, f"request line over {MAX_LINE} bytes")
+            return
+        raw = self.rfile
+        self.rfile = _HeaderBudget(raw, MAX_HEADER_BYTES - len(line))  # type: ignore[assignment]
+        try:
+            parsed = self.parse_request()  # answers 400/414/431/505 itself
+        except OSError:
+            self.close_connection = True
+            return
+        finally:
+            self.rfile = raw
+        if not parsed:
+            self.close_connection = True
+            return
+        method = getattr(self, f"do_{self.command}", None)
+        if method is None:
+            self.close_connection = True
+            self.send_error(HTTPStatus.NOT_IMPLEMENTED, f"method {self.command} is not served")
+            return
+        try:
+            method()
+            self.wfile.flush()
+        except OSError:
+            self.close_connection = True
 
     def _send(self, status: HTTPStatus, body: bytes, content_type: str = "text/plain") -> None:
         self.send_response(status)
@@ -146,18 +269,66 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._send(HTTPStatus.NOT_FOUND, b"not found\n")
 
+    def _refuse(self, status: HTTPStatus, reason: str) -> None:
+        """Answer and close: the body (if any) is never read."""
+        self.close_connection = True
+        self._send(status, f"{reason}\n".encode())
+
+    def _body_length(self) -> int | None:
+        """The body's length, or None after refusing the request with the reason."""
+        if self.headers.get("Transfer-Encoding"):
+            self._refuse(HTTPStatus.LENGTH_REQUIRED, "send the body with a Content-Length")
+            return None
+        values = self.headers.get_all("Content-Length") or []
+        if not values:
+            self._refuse(HTTPStatus.LENGTH_REQUIRED, "an AdmissionReview body is required")
+            return None
+        text = values[0].strip()
+        if len(set(values)) > 1 or not text.isascii() or not text.isdigit():
+            shown = ", ".join(v[:20] for v in values)
+            self._refuse(
+                HTTPStatus.BAD_REQUEST,
+                f"Content-Length must be one non-negative integer, got {shown!r}",
+            )
+            return None
+        length = int(text) if len(text) <= 18 else MAX_BODY + 1  # (int() caps digit counts)
+        if length > MAX_BODY:
+            self._refuse(
+                HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                f"Content-Length {length} is over {MAX_BODY} bytes, the API server's limit",
+            )
+            return None
+        if length == 0:
+            self._refuse(HTTPStatus.BAD_REQUEST, "an AdmissionReview body is required")
+            return None
+        return length
+
+    def _read_body(self, length: int) -> bytes | None:
+        """The body, read while holding one of the body slots; None when the request's
+        deadline passed first (the connection is then closed without an answer)."""
+        if not self.server.body_slots.acquire(timeout=self.conn.remaining()):
+            self.close_connection = True
+            return None
+        try:
+            body: bytes = self.rfile.read(length)
+        finally:
+            self.server.body_slots.release()
+        if len(body) != length:  # the client went away or the reaper cut it
+            self.close_connection = True
+            return None
+        return body
+
     def do_POST(self) -> None:
         reviewer = self.server.app.reviewers.get(self.path.split("?", 1)[0].lstrip("/"))
-        length = int(self.headers.get("Content-Length") or 0)
         if reviewer is None:
-            self.rfile.read(min(length, MAX_BODY))
-            self._send(HTTPStatus.NOT_FOUND, b"no such webhook\n")
+            self._refuse(HTTPStatus.NOT_FOUND, "no such webhook")
             return
-        if length <= 0 or length > MAX_BODY:
-            self.close_connection = True
-            self._send(HTTPStatus.BAD_REQUEST, b"an AdmissionReview body is required\n")
+        length = self._body_length()
+        if length is None:
             return
-        body = self.rfile.read(length)
+        body = self._read_body(length)
+        if body is None:
+            return
         name, review = reviewer
         try:
             out = admission.answer(name, body, review)
@@ -196,6 +367,7 @@ class WebhookServer:
         return ", ".join(waiting)
 
     def start(self) -> None:
+        self._server.connections.start()
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="webhook-server", daemon=True
         )
@@ -205,5 +377,6 @@ class WebhookServer:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+        self._server.connections.stop()
         if self._thread is not None:
             self._thread.join(5)
