@@ -248,12 +248,15 @@ def call(socket: str, method: int, message: bytes, deadline: float) -> str:
     """One call on the attach socket by ``deadline``. Connecting is retried with a back-off
     while the enforcer is away (a restart: the socket is missing or refuses) or busy (its
     backlog is full: EAGAIN), like gRPC's ``wait_for_ready``."""
-    delay = 0.01
+    delay, retried = 0.01, False
     while True:
         path = attach_socket_path(socket)
         sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         try:
-            _remaining(sock, deadline)
+            if retried:  # the last try comes even if the back-off overslept the deadline
+                sock.settimeout(max(deadline - time.monotonic(), 0.001))
+            else:
+                _remaining(sock, deadline)
             try:
                 sock.connect(path)
             except (FileNotFoundError, ConnectionRefusedError, BlockingIOError) as exc:
@@ -265,7 +268,7 @@ def call(socket: str, method: int, message: bytes, deadline: float) -> str:
                         why = f"no enforcer listened on {path} ({exc.strerror})"
                     raise HookError(f"UNAVAILABLE: {why} until the timeout") from None
                 time.sleep(min(delay, left))
-                delay = min(delay * 2, 0.25)
+                delay, retried = min(delay * 2, 0.25), True
                 continue
             _remaining(sock, deadline)
             sock.sendall(frame(method, message))
