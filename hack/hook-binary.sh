@@ -5,9 +5,12 @@
 #   ${GPUSLICE_HOOK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpuslice/hook}/bin/<key>/gpuslice-enforcer-hook
 # <key> hashes the module's files (those git sees), the Go version and the build recipe, so a
 # rerun with nothing changed only prints the path, and a worktree with other sources gets its
-# own binary. Go's build cache lives beside it (go-build/). No module is downloaded (the module
-# has no dependencies), so the build works offline. The flags are those of the enforcer image's
-# build stage (services/enforcer/Dockerfile), so the same Go gives the same bytes.
+# own binary. Go's build cache is the one hack/kube-binaries.sh and hack/node-binaries.sh use
+# (${GPUSLICE_KUBE_CACHE:-~/.cache/gpuslice/kube}/go-build), where containerd's static build has
+# compiled the standard library with these flags already: a cold build here takes seconds, not
+# a minute and a half. No module is downloaded (the module has no dependencies), so the build
+# works offline. The flags are those of the enforcer image's build stage
+# (services/enforcer/Dockerfile), so the same Go gives the same bytes.
 # Binaries not used for 14 days are deleted.
 #
 # usage: hack/hook-binary.sh [--print-path | --check | --force | --help]
@@ -42,7 +45,8 @@ CACHE=${GPUSLICE_HOOK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpuslice/hook}
 
 command -v go >/dev/null || die "go is not installed (Go 1.22 or newer builds $MODULE_DIR; the enforcer image builds it in its own Go stage)"
 export GOTOOLCHAIN=local GOWORK=off GO111MODULE=on GOFLAGS="-mod=mod -trimpath -buildvcs=false"
-export CGO_ENABLED=0 GOCACHE="$CACHE/go-build" GOPATH="$CACHE/go"
+KUBE_CACHE=${GPUSLICE_KUBE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpuslice/kube}
+export CGO_ENABLED=0 GOCACHE="$KUBE_CACHE/go-build" GOPATH="$CACHE/go"
 GO_VERSION=$(go env GOVERSION)
 
 # The module's files as git sees them (tracked, or untracked and not ignored), names and contents.
