@@ -25,6 +25,10 @@ following the ``--socket`` link) — which carries the same ``AttachContainerReq
 
 Importing grpc alone costs more than the whole fast path (≈ 70 ms against ≈ 8 ms). An enforcer
 without an attach socket (one older than this hook) is called through gRPC, as before.
+
+The hosts run the static hook instead (services/enforcer/hook, Go: no Python or libc needed on
+the host), which takes the same command line and gives the same output and exit status; the
+tests run both. This one stays the reference, and the hook of the sandbox's simulated node.
 """
 
 # os.path, not pathlib: pathlib imports re, fnmatch and urllib, a third of the hook's start-up.
