@@ -32,7 +32,7 @@ lint: setup
 
 typecheck: setup
 	$(BIN)/mypy .
-	for tests in services/*/tests; do \
+	for tests in services/*/tests tools/*/tests; do \
 	  $(BIN)/mypy $$(find $$tests -name '*.py') || exit 1; \
 	done
 

@@ -1,11 +1,12 @@
 """Check the import contracts of the workspace with import-linter.
 
 The contracts are derived from the workspace itself, so a new service is covered the moment it
-exists: every package under services/ sits in the top layer and may import nothing of another
-service; libs sit below and may never import a service; among the libs, view (the cluster view
-and the kubectl plugin) may use nvml, kube, api and core; nvml, kube and api may use core; core
-and the generated protos use no other gpuslice package. The test kit (libs/testkit, never
-shipped) sits above everything, and nothing shipped may import it.
+exists: every package under services/ (and tools/, the applications that are not services, like
+kubectl-gpuslice) sits in the top layer and may import nothing of another one; libs sit below
+and may never import a service; among the libs, view (the cluster view) may use nvml, kube, api
+and core; nvml, kube and api may use core; core and the generated protos use no other gpuslice
+package. The test kit (libs/testkit, never shipped) sits above everything, and nothing shipped
+may import it.
 
 Usage: .venv/bin/python hack/check_imports.py   (exit status of lint-imports)
 """
@@ -39,7 +40,7 @@ TESTKIT = "gpuslice_testkit"
 
 
 def contracts() -> str:
-    services = member_packages("services")
+    services = member_packages("services") + member_packages("tools")
     libs = [p for p in member_packages("libs") if p != TESTKIT]
     layers = [TESTKIT] + ([" | ".join(services)] if services else []) + LIB_LAYERS
     in_layers = {p.strip() for layer in layers for p in layer.split("|")}

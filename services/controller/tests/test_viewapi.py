@@ -13,7 +13,7 @@ from gpuslice_controller.viewapi import ViewApi, credentials
 from gpuslice_testkit import view as t
 from gpuslice_view import report
 from gpuslice_view.model import ClusterView
-from gpuslice_view.remote import TOKEN_HEADER
+from gpuslice_view.wire import TOKEN_HEADER
 
 pytestmark = pytest.mark.timeout(10)
 T = TypeVar("T")

@@ -29,7 +29,7 @@ from gpuslice_core.logging import get_logger
 from gpuslice_view import report
 from gpuslice_view.model import ClusterView
 from gpuslice_view.reasons import why_pod
-from gpuslice_view.remote import TOKEN_HEADER
+from gpuslice_view.wire import TOKEN_HEADER
 
 log = get_logger(__name__)
 PREFIX = "/view/"
