@@ -346,7 +346,7 @@ def test_components_and_options_can_be_switched(helm_bin: Path) -> None:
     assert pod_spec(tuned)["runtimeClassName"] == "nvidia"
     mounts = {m["mountPath"]: m for m in byname["kubelet-plugin"]["volumeMounts"]}
     assert mounts["/run/nvidia/driver"]["readOnly"] is True
-    monitor = one(tuned, "ServiceMonitor")
+    monitor = one(tuned, "ServiceMonitor", "gpuslice-node")
     assert [e["port"] for e in monitor["spec"]["endpoints"]] == [
         "plugin",
         "enforcer",
@@ -481,6 +481,67 @@ def test_grafana_dashboard_is_off_by_default_and_queries_the_controllers_metrics
     exposed = set(re.findall(r'"(gpuslice_[a-z_]+)"', source))
     exposed |= {f"{name}_total" for name in exposed}
     assert used and used <= exposed, used - exposed
+    # The per-claim panels read series that only /view/metrics serves (authorized); each says
+    # so, and the $namespace variable is the claims' own label (the ServiceMonitor honors it).
+    claim_panels = [
+        p for p in dashboard["panels"] if any("gpuslice_claim_" in t["expr"] for t in p["targets"])
+    ]
+    assert claim_panels
+    assert all("/view/metrics" in p.get("description", "") for p in claim_panels)
+
+
+def test_controller_metrics_are_scraped_at_both_doors(helm_bin: Path) -> None:
+    """The open /metrics (no tenant data) over HTTP; the per-claim series at /view/metrics
+    over HTTPS with Prometheus's own token, the controller's CA and the claims' namespace
+    label kept (issue 27). Prometheus's ServiceAccount gets the view through
+    controller.clusterView.readers."""
+    name = "gpuslice-controller"
+    readers = [
+        {"kind": "ServiceAccount", "name": "prometheus-k8s", "namespace": "monitoring"},
+        {"kind": "Group", "name": "sre"},
+    ]
+    objs = render(
+        helm_bin,
+        *sets("metrics.serviceMonitor.enabled=true"),
+        *set_json("controller.clusterView.readers", readers),
+    )
+    monitor = one(objs, "ServiceMonitor", name)
+    assert monitor["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == (
+        "controller"
+    )
+    plain, claims = monitor["spec"]["endpoints"]
+    assert (plain["port"], plain["path"]) == ("metrics", "/metrics") and "scheme" not in plain
+    assert (claims["port"], claims["scheme"], claims["path"]) == (
+        "webhook",
+        "https",
+        "/view/metrics",
+    )
+    assert claims["honorLabels"] is True
+    assert claims["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    assert claims["tlsConfig"] == {
+        "serverName": f"{name}.gpuslice.svc",
+        "ca": {"secret": {"name": f"{name}-tls", "key": "ca.crt"}},
+    }
+    service = one(objs, "Service", name)
+    assert {p["name"] for p in service["spec"]["ports"]} == {"webhook", "metrics"}
+    binding = one(objs, "ClusterRoleBinding", "gpuslice-view")
+    assert binding["roleRef"]["name"] == "gpuslice-view"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "prometheus-k8s", "namespace": "monitoring"},
+        {"kind": "Group", "name": "sre", "apiGroup": "rbac.authorization.k8s.io"},
+    ]
+    assert not find(render(helm_bin), "ClusterRoleBinding", "gpuslice-view")  # none by default
+    no_view = render(
+        helm_bin,
+        *sets("metrics.serviceMonitor.enabled=true", "controller.clusterView.enabled=false"),
+    )
+    assert [e["path"] for e in one(no_view, "ServiceMonitor", name)["spec"]["endpoints"]] == [
+        "/metrics"
+    ]
+    no_metrics = render(
+        helm_bin, *sets("metrics.serviceMonitor.enabled=true", "controller.metrics.enabled=false")
+    )
+    assert not find(no_metrics, "ServiceMonitor", name)
 
 
 # ---- sync with the services and with e2e/manifests --------------------------------------------
