@@ -440,7 +440,7 @@ CONTROLLER_WEBHOOK_RULES = {
         "gpuslice-controller",
     )
     for kind in ("validating", "mutating")
-    for verb in ("get", "update")
+    for verb in ("get", "list", "watch", "update")  # list/watch: by name (field selector)
 }
 
 
@@ -463,6 +463,23 @@ def test_controller_rbac_is_exactly_its_calls(helm_bin: Path) -> None:
     view = one(render(helm_bin), "ClusterRole", "gpuslice-view")
     assert rule_set(view) == {("gpu.gpuslice.dev", "gpus", "get", "")}
     assert not find(no_view, "ClusterRole", "gpuslice-view")
+    # In its namespace: its Secret and its Lease by name; only create (which cannot be named:
+    # the name is in the body) is unnamed, and reads no Secret.
+    secret, lease = f"{name}-tls", name
+    role = one(render(helm_bin), "Role", name)
+    assert rule_set(role) == {
+        *(("", "secrets", v, secret) for v in ("get", "list", "watch", "update")),
+        ("", "secrets", "create", ""),
+        ("coordination.k8s.io", "leases", "create", ""),
+        *(("coordination.k8s.io", "leases", v, lease) for v in ("get", "update", "patch")),
+    }
+    cert_manager = render(helm_bin, *sets("controller.certificates.certManager=true"))
+    assert {r for r in rule_set(one(cert_manager, "Role", name)) if r[1] == "secrets"} == {
+        ("", "secrets", v, secret) for v in ("list", "watch")
+    }
+    assert rule_set(one(cert_manager, "ClusterRole", name)) == (
+        CONTROLLER_CLUSTER_RULES | CONTROLLER_VIEW_RULES
+    )
 
 
 def test_grafana_dashboard_is_off_by_default_and_queries_the_controllers_metrics(
