@@ -1142,6 +1142,20 @@ def test_installed_rbac_allows_exactly_the_calls_of_the_services(
         as_node.list(resource_path("v1", "configmaps", namespace=namespace))
 
 
+# What no node identity may change on its own Node, and the policies' message for each.
+NODE_METADATA_CHANGES: list[tuple[Obj, str]] = [
+    ({"finalizers": ["example.com/keep"]}, "may not change the finalizers of its Node"),
+    (
+        {
+            "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Pod", "name": "ghost", "uid": str(uuid.uuid4())}
+            ]
+        },
+        "may not change the owner references of its Node",
+    ),
+]
+
+
 def test_installed_policies_confine_the_node_pods_to_their_own_node(
     sandbox: ControlPlane, kube: RawApi, installed: tuple[str, str]
 ) -> None:
@@ -1171,10 +1185,48 @@ def test_installed_policies_confine_the_node_pods_to_their_own_node(
             as_a.create(slices, a_slice(node_a, driver="other.example.com"))
         with pytest.raises(KubeError, match="no node name in the credentials"):
             impersonating(sandbox, user, None).create(slices, a_slice(node_a))
-        own = as_a.create(slices, a_slice(node_a))
+        # Owned by its own Node, as the kubelet plugin writes them; no other owner, no
+        # finalizer (it would keep a gone node's GPUs published).
+        uid_a, uid_b = (
+            kube.get(resource_path("v1", "nodes", name=n))["metadata"]["uid"]
+            for n in (node_a, node_b)
+        )
+        owner = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "name": node_a,
+            "uid": uid_a,
+            "controller": True,
+        }
+        owned = a_slice(node_a)
+        owned["metadata"]["ownerReferences"] = [owner]
+        own = as_a.create(slices, owned)
         own["spec"]["pool"]["generation"] = 2
         path = resource_path(RESOURCE, "resourceslices", name=own["metadata"]["name"])
-        as_a.replace(path, own)
+        own = as_a.replace(path, own)
+        for owners in (
+            [{**owner, "name": node_b, "uid": uid_b}],
+            [owner, {"apiVersion": "v1", "kind": "Pod", "name": "ghost", "uid": str(uuid.uuid4())}],
+            [{**owner, "blockOwnerDeletion": True}],
+        ):
+            bad = a_slice(node_a)
+            bad["metadata"]["ownerReferences"] = owners
+            with pytest.raises(
+                KubeError, match=re.escape(f"node '{node_a}' may name only its own Node")
+            ):
+                as_a.create(slices, bad)
+            with pytest.raises(
+                KubeError, match=re.escape(f"node '{node_a}' may name only its own Node")
+            ):
+                as_a.replace(
+                    path, {**own, "metadata": {**own["metadata"], "ownerReferences": owners}}
+                )
+        finalized = a_slice(node_a)
+        finalized["metadata"]["finalizers"] = ["example.com/keep"]
+        with pytest.raises(KubeError, match="may not add finalizers to ResourceSlices"):
+            as_a.create(slices, finalized)
+        with pytest.raises(KubeError, match="may not add finalizers to ResourceSlices"):
+            as_a.replace(path, {**own, "metadata": {**own["metadata"], "finalizers": ["a/b"]}})
         as_a.delete(path)
 
         state = "gpuslice.dev/mig.config.state"
@@ -1196,8 +1248,22 @@ def test_installed_policies_confine_the_node_pods_to_their_own_node(
                 resource_path("v1", "nodes", name=node_b),
                 {"metadata": {"labels": {state: "success"}}},
             )
-        with pytest.raises(KubeError, match="may not change the spec or the annotations"):
+        with pytest.raises(KubeError, match="may not change the spec of its Node"):
             as_a.patch(node_path, {"spec": {"unschedulable": True}})
+        # Nothing else in metadata either, not even along with the allowed label: a finalizer
+        # keeps the Node from being deleted, an owner that does not exist gets it collected.
+        changes = [
+            *NODE_METADATA_CHANGES,
+            ({"annotations": {"team": "x"}}, "may not change the annotations of its Node"),
+        ]
+        for change, message in changes:
+            with pytest.raises(KubeError, match=re.escape(f"the gpuslice node pod {message}")):
+                as_a.patch(node_path, {"metadata": {"labels": {state: "success"}, **change}})
+        with pytest.raises(KubeError, match=f"may change only the label {state}"):
+            as_a.patch(node_path, {"metadata": {"labels": {"gpuslice.dev/mig.config": "all"}}})
+        node = kube.get(node_path)["metadata"]
+        assert state not in node.get("labels", {}) and not node.get("finalizers")
+        assert not node.get("ownerReferences") and not node.get("annotations")
     finally:
         for node in (node_a, node_b):
             with contextlib.suppress(KubeNotFoundError):
@@ -1249,6 +1315,11 @@ def test_installed_policy_confines_the_device_plugin_to_its_own_node(
             as_a.patch(path_a, {"metadata": {"annotations": {"team": "x"}}})
         with pytest.raises(KubeError, match="may not change the spec"):
             as_a.patch(path_a, {"spec": {"unschedulable": True}})
+        for change, message in NODE_METADATA_CHANGES:
+            with pytest.raises(KubeError, match=re.escape(f"the gpuslice device plugin {message}")):
+                as_a.patch(path_a, {"metadata": {**own["metadata"], **change}})
+        node = kube.get(path_a)["metadata"]
+        assert not node.get("finalizers") and not node.get("ownerReferences")
         with pytest.raises(KubeError, match=re.escape(f"may not change Node '{node_a}'")):
             impersonating(sandbox, user, None).patch(path_a, own)  # no node in the token
     finally:
