@@ -3,8 +3,9 @@
 The contracts are derived from the workspace itself, so a new service is covered the moment it
 exists: every package under services/ sits in the top layer and may import nothing of another
 service; libs sit below and may never import a service; among the libs, view (the cluster view
-and the kubectl plugin) may use nvml, kube, api and core; nvml, kube and api may use core; core
-and the generated protos use no other gpuslice package. The test kit (libs/testkit, never
+and the kubectl plugin) and draplugin (the kubelet-facing half of a DRA driver) may use nvml,
+kube, api, core and protos but not each other; nvml, kube and api may use core; core and the
+generated protos use no other gpuslice package. The test kit (libs/testkit, never
 shipped) sits above everything, and nothing shipped may import it.
 
 Usage: .venv/bin/python hack/check_imports.py   (exit status of lint-imports)
@@ -20,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LIB_LAYERS = [
-    "gpuslice_view",
+    "gpuslice_view | gpuslice_draplugin",
     "gpuslice_nvml | gpuslice_kube | gpuslice_api",
     "gpuslice_core | gpuslice_protos",
 ]
