@@ -6,10 +6,11 @@
 resource.k8s.io version (``raw`` given), and builds the claim cache, the slice publisher and
 both gRPC servers — and serves nothing yet; ``start()`` starts them: the claim cache, the DRA
 socket, then the registration socket (the kubelet dials the DRA socket as soon as it has read
-the registration), then the publisher. ``start(plugin, …)`` does both, as upstream's ``Start``
-does. ``stop()`` takes the registration socket away first, lets in-flight DRA calls finish
-within the grace period, then stops the publisher and the cache. Slices stay in the API (a
-restarted driver takes them over; the kubelet deletes them 30 s after the driver is gone).
+the registration), then the publisher once there are pools to publish. ``start(plugin, …)``
+does both, as upstream's ``Start`` does. ``stop()`` takes the registration socket away first,
+lets in-flight DRA calls finish within the grace period, then stops the publisher and the
+cache. Slices stay in the API (a restarted driver takes them over; the kubelet deletes them
+30 s after the driver is gone).
 
 Building the helper before the driver's own state lets a driver hand ``helper.claims`` (the
 claim cache and API reads) to that state, then start everything in its own order.
@@ -22,6 +23,7 @@ publishing, no claims).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -87,6 +89,9 @@ class Helper:
         self._api = ResourceApi(raw, detect(raw)) if raw is not None else None
         self._claims = ClaimCache(self._api, driver=driver, pool=node) if self._api else None
         self._claim_cache = claim_cache
+        self._lock = threading.Lock()
+        self._started = False
+        self._publishing = False
         self.publisher = (
             SlicePublisher(
                 self._api, node=node, driver=driver, metrics=self.metrics, owner=self._owner
@@ -131,12 +136,23 @@ class Helper:
         return self.server.registered.is_set()
 
     def publish(self, pools: Mapping[str, Pool]) -> None:
-        """This node's pools from now on, by pool name; written in the background (a pool
-        left out is deleted). Call it after every change; the helper puts back what others
-        change or wipe."""
+        """This node's pools from now on, by pool name; written in the background once the
+        helper runs (a pool left out is deleted). Call it after every change; the helper puts
+        back what others change or wipe. A helper that is never given pools never writes a
+        slice (and watches none)."""
         if self.publisher is None:
             raise RuntimeError(f"{self.driver}: the helper publishes only with an API client")
         self.publisher.set_pools(pools)
+        self._start_publisher(asked=True)
+
+    def _start_publisher(self, *, asked: bool) -> None:
+        with self._lock:
+            if self.publisher is None or self._publishing or not self._started:
+                return
+            if not asked and self.publisher.pools is None:
+                return
+            self._publishing = True
+        self.publisher.start()
 
     def _owner(self) -> Obj | None:
         """The Node as the owner of the pools' slices, read afresh."""
@@ -148,13 +164,16 @@ class Helper:
         if self._claims is not None and self._claim_cache:
             self._claims.start()
         self.server.start()
-        if self.publisher is not None:
-            self.publisher.start()
+        with self._lock:
+            self._started = True
+        self._start_publisher(asked=False)  # pools given before start are published now
         return self
 
     def stop(self, grace: float = 10.0) -> None:
         self.server.stop(grace=grace)
-        if self.publisher is not None:
+        with self._lock:
+            publishing, self._publishing, self._started = self._publishing, False, False
+        if publishing and self.publisher is not None:
             self.publisher.stop()
         if self._claims is not None:
             self._claims.stop()

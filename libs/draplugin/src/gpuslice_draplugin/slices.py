@@ -192,6 +192,12 @@ class SlicePublisher:
         if self._thread is not None:
             self._thread.join(timeout=10)
 
+    @property
+    def pools(self) -> dict[str, Pool] | None:
+        """The pools as last set; None before the first ``set_pools``."""
+        with self._pools_lock:
+            return self._pools
+
     def set_pools(self, pools: Mapping[str, Pool]) -> None:
         """What this node's pools should hold from now on (a pool left out is deleted)."""
         with self._pools_lock:
@@ -246,8 +252,7 @@ class SlicePublisher:
 
     def reconcile(self) -> bool:
         """Make the API hold the pools; True when something was written or deleted."""
-        with self._pools_lock:
-            pools = self._pools
+        pools = self.pools
         if pools is None:
             return False
         existing = self._existing()
