@@ -8,6 +8,11 @@ kube, api, core and protos but not each other; nvml, kube and api may use core; 
 generated protos use no other gpuslice package. The test kit (libs/testkit, never
 shipped) sits above everything, and nothing shipped may import it.
 
+Inside a package, INTERNAL_LAYERS orders its modules: the DRA helper (gpuslice_draplugin) goes
+helper → the sockets, the publisher and the claim cache (independent of each other) → the
+servicers → the API, metrics and the driver contract, so the contract module stays free of
+gRPC and the servicers free of Kubernetes.
+
 Usage: .venv/bin/python hack/check_imports.py   (exit status of lint-imports)
 """
 
@@ -37,6 +42,15 @@ def member_packages(kind: str) -> list[str]:
 
 
 TESTKIT = "gpuslice_testkit"
+INTERNAL_LAYERS = {
+    "gpuslice_draplugin": [
+        "helper",
+        "server | slices | claimcache",
+        "servicer",
+        "kubeapi | metrics",
+        "plugin",
+    ],
+}
 
 
 def contracts() -> str:
@@ -59,7 +73,18 @@ def contracts() -> str:
         "name = nothing shipped imports the test kit\n"
         "type = forbidden\n"
         "source_modules =\n" + "".join(f"    {p}\n" for p in [*services, *libs]) + ""
-        f"forbidden_modules =\n    {TESTKIT}\n"
+        f"forbidden_modules =\n    {TESTKIT}\n" + "".join(internal(p) for p in INTERNAL_LAYERS)
+    )
+
+
+def internal(package: str) -> str:
+    layers = "".join(f"    {layer}\n" for layer in INTERNAL_LAYERS[package])
+    return (
+        f"\n[importlinter:contract:{package}]\n"
+        f"name = {package} modules in layers\n"
+        "type = layers\n"
+        f"containers =\n    {package}\n"
+        f"layers =\n{layers}"
     )
 
 
