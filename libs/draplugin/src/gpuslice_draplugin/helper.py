@@ -30,7 +30,6 @@ from typing import Any
 
 import grpc
 
-from gpuslice_core.logging import get_logger
 from gpuslice_draplugin.claimcache import ClaimCache
 from gpuslice_draplugin.kubeapi import ResourceApi, detect, read_node
 from gpuslice_draplugin.metrics import HelperMetrics
@@ -39,8 +38,6 @@ from gpuslice_draplugin.server import KubeletServer, Sockets
 from gpuslice_draplugin.servicer import HealthStreamServicer
 from gpuslice_draplugin.slices import SlicePublisher, node_owner
 from gpuslice_kube.raw import Obj, RawApi
-
-log = get_logger(__name__)
 
 REGISTRAR_DIR = Path("/var/lib/kubelet/plugins_registry")
 PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
@@ -143,16 +140,18 @@ class Helper:
         if self.publisher is None:
             raise RuntimeError(f"{self.driver}: the helper publishes only with an API client")
         self.publisher.set_pools(pools)
-        self._start_publisher(asked=True)
+        self._start_publisher()
 
-    def _start_publisher(self, *, asked: bool) -> None:
+    def _start_publisher(self) -> None:
+        """Once started and given pools: the publisher's first start, and only that."""
         with self._lock:
-            if self.publisher is None or self._publishing or not self._started:
+            publisher = self.publisher
+            if publisher is None or publisher.pools is None or self._publishing:
                 return
-            if not asked and self.publisher.pools is None:
+            if not self._started:
                 return
             self._publishing = True
-        self.publisher.start()
+        publisher.start()
 
     def _owner(self) -> Obj | None:
         """The Node as the owner of the pools' slices, read afresh."""
@@ -166,7 +165,7 @@ class Helper:
         self.server.start()
         with self._lock:
             self._started = True
-        self._start_publisher(asked=False)  # pools given before start are published now
+        self._start_publisher()  # pools given before start are published now
         return self
 
     def stop(self, grace: float = 10.0) -> None:
