@@ -46,7 +46,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gpuslice_core.grpcserver import check_health
 from gpuslice_core.logging import configure
-from gpuslice_kubelet_plugin.server import Sockets, probe
+from gpuslice_draplugin.server import Sockets, probe
 from gpuslice_testkit.device_plugin import Kubelet, write_node
 from gpuslice_testkit.enforcer import stop_mps_daemons
 
