@@ -105,8 +105,12 @@ class Connection:
         self.deadline = self.since + limits.handshake_s
 
     def enter(self, phase: str) -> None:
-        self.phase, self.since = phase, self._clock()
-        self.deadline = self.since + self._limits.seconds(phase)
+        # The deadline first: the reaper, reading without the handler's order, may pair the
+        # new deadline with the old phase (a count under the wrong reason at worst), never an
+        # old, passed deadline with the new phase.
+        now = self._clock()
+        self.deadline = now + self._limits.seconds(phase)
+        self.phase, self.since = phase, now
 
     def remaining(self) -> float:
         return max(0.0, self.deadline - self._clock())
