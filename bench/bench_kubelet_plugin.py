@@ -36,13 +36,12 @@ from typing import Any
 import yaml
 
 from gpuslice_core import logging as gslog
+from gpuslice_draplugin import HelperMetrics, ResourceApi, detect
+from gpuslice_draplugin.slices import SlicePublisher
 from gpuslice_kube.client import new_api_client
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 from gpuslice_kubelet_plugin.checkpoint import ClaimRecord, DeviceRecord, PluginState, open_store
 from gpuslice_kubelet_plugin.discovery import DRIVER, discover
-from gpuslice_kubelet_plugin.kubeapi import ResourceApi, detect
-from gpuslice_kubelet_plugin.metrics import PluginMetrics
-from gpuslice_kubelet_plugin.slices import PoolContent, SlicePublisher, device_with_taints
 from gpuslice_nvml import open_nvml
 from gpuslice_testkit.core import at_once
 from gpuslice_testkit.kubelet_plugin.dra import ClaimTuple, DraClient, result
@@ -337,12 +336,8 @@ def bench_mig_publish(kube: RawApi, root: Path) -> None:
         inventory = discover(nvml, dynamic_mig_enabled=True)
         discovery = time.perf_counter() - start
     api = ResourceApi(kube, detect(kube))
-    content = PoolContent(
-        tuple(device_with_taints(d, []) for d in inventory.devices), inventory.counter_sets
-    )
-    publisher = SlicePublisher(
-        api, node=name, driver=DRIVER, content=lambda: content, metrics=PluginMetrics()
-    )
+    publisher = SlicePublisher(api, node=name, driver=DRIVER, metrics=HelperMetrics("bench"))
+    publisher.set_pools({name: inventory.pool()})
     start = time.perf_counter()
     publisher.reconcile()
     publish = time.perf_counter() - start

@@ -4,9 +4,10 @@ allow-all reviewer, as the controller serves /validate) and the probes come from
 
     .venv/bin/python bench/bench_webhook_hostile.py [--clients 40] [--slow 200]
 
-Probes, each on a fresh server: (1) ``--clients`` connections each sending unfinished 65 KB
-header lines; (2) a 256 MiB stream to an unknown path with ``Content-Length: -1``; (3)
-``--slow`` slowloris connections sending one byte every second for 15 s. For each: the
+Probes, each on a fresh server: (1) ``--clients`` connections each sending an unfinished 65 KB
+header line, (1b) or whole 65 KB header lines without end; (2) a 256 MiB stream to an unknown
+path with ``Content-Length: -1``; (3) ``--slow`` slowloris connections sending a request line,
+then one byte every second for 15 s, (3b) or the request line itself a byte a second. For each: the
 server's RSS before and at its peak, its threads, and whether a valid review is still answered.
 Issue 27's figures before the limits: (1) 84 → 958 MiB with 24 clients (1.48 GB with 40);
 (2) 84 → 596 MiB; (3) 212 threads after 36 s, never closed.
@@ -144,7 +145,10 @@ def probe(name: str, attack: object, seconds: float) -> None:
         server.close()
 
 
-def header_flood(clients: int) -> object:
+def header_flood(clients: int, whole: bool = False) -> object:
+    """Header lines of 65 KB to ``clients`` connections: one that never ends, or (``whole``)
+    one whole line after another, the head never ending."""
+
     def attack(server: Server, stop: threading.Event) -> None:
         conns = []
         for _ in range(clients):
@@ -152,7 +156,7 @@ def header_flood(clients: int) -> object:
                 conn = server.tls()
                 conn.sendall(b"POST /validate HTTP/1.1\r\n")
                 conns.append(conn)
-        line = b"X-Pad: " + b"a" * 65_000  # never ends with CRLF
+        line = b"X-Pad: " + b"a" * 65_000 + (b"\r\n" if whole else b"")
         while not stop.is_set():
             for conn in list(conns):
                 try:
@@ -175,14 +179,16 @@ def body_stream(server: Server, stop: threading.Event) -> None:
             conn.sendall(chunk)
 
 
-def slowloris(count: int) -> object:
+def slowloris(count: int, first: bytes = b"POST /validate HTTP/1.1\r\n") -> object:
+    """``count`` connections sending ``first``, then one byte a second."""
+
     def attack(server: Server, stop: threading.Event) -> None:
         conns = []
         for _ in range(count):
             with contextlib.suppress(OSError):
                 raw = socket.create_connection(("127.0.0.1", server.port), timeout=10)
                 conn = server.ctx.wrap_socket(raw, server_hostname="127.0.0.1")
-                conn.sendall(b"POST /validate HTTP/1.1\r\n")
+                conn.sendall(first)
                 conns.append(conn)
         while not stop.is_set():
             for conn in list(conns):
@@ -204,8 +210,14 @@ def main() -> int:
     probe(
         f"1. {args.clients} clients, unfinished 65 KB header lines", header_flood(args.clients), 8
     )
+    probe(
+        f"1b. {args.clients} clients, whole 65 KB header lines",
+        header_flood(args.clients, whole=True),
+        8,
+    )
     probe("2. 256 MiB body, Content-Length: -1, unknown path", body_stream, 8)
     probe(f"3. {args.slow} slowloris connections, 1 byte/s", slowloris(args.slow), 15)
+    probe(f"3b. {args.slow} request lines, 1 byte/s", slowloris(args.slow, first=b"P"), 15)
     return 0
 
 

@@ -1,11 +1,18 @@
 """Check the import contracts of the workspace with import-linter.
 
 The contracts are derived from the workspace itself, so a new service is covered the moment it
-exists: every package under services/ sits in the top layer and may import nothing of another
-service; libs sit below and may never import a service; among the libs, view (the cluster view
-and the kubectl plugin) may use nvml, kube, api and core; nvml, kube and api may use core; core
-and the generated protos use no other gpuslice package. The test kit (libs/testkit, never
-shipped) sits above everything, and nothing shipped may import it.
+exists: every package under services/ (and tools/, the applications that are not services, like
+kubectl-gpuslice) sits in the top layer and may import nothing of another one; libs sit below
+and may never import a service; among the libs, view (the cluster view) and draplugin (the
+kubelet-facing half of a DRA driver) may use nvml, kube, api, core and protos but not each
+other; nvml, kube and api may use core; core and the generated protos use no other gpuslice
+package. The test kit (libs/testkit, never shipped) sits above everything, and nothing shipped
+may import it.
+
+Inside a package, INTERNAL_LAYERS orders its modules: the DRA helper (gpuslice_draplugin) goes
+helper → the sockets, the publisher and the claim cache (independent of each other) → the
+servicers → the API, metrics and the driver contract, so the contract module stays free of
+gRPC and the servicers free of Kubernetes.
 
 Usage: .venv/bin/python hack/check_imports.py   (exit status of lint-imports)
 """
@@ -20,7 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LIB_LAYERS = [
-    "gpuslice_view",
+    "gpuslice_view | gpuslice_draplugin",
     "gpuslice_nvml | gpuslice_kube | gpuslice_api",
     "gpuslice_core | gpuslice_protos",
 ]
@@ -36,10 +43,19 @@ def member_packages(kind: str) -> list[str]:
 
 
 TESTKIT = "gpuslice_testkit"
+INTERNAL_LAYERS = {
+    "gpuslice_draplugin": [
+        "helper",
+        "server | slices | claimcache",
+        "servicer",
+        "kubeapi | metrics",
+        "plugin",
+    ],
+}
 
 
 def contracts() -> str:
-    services = member_packages("services")
+    services = member_packages("services") + member_packages("tools")
     libs = [p for p in member_packages("libs") if p != TESTKIT]
     layers = [TESTKIT] + ([" | ".join(services)] if services else []) + LIB_LAYERS
     in_layers = {p.strip() for layer in layers for p in layer.split("|")}
@@ -58,7 +74,18 @@ def contracts() -> str:
         "name = nothing shipped imports the test kit\n"
         "type = forbidden\n"
         "source_modules =\n" + "".join(f"    {p}\n" for p in [*services, *libs]) + ""
-        f"forbidden_modules =\n    {TESTKIT}\n"
+        f"forbidden_modules =\n    {TESTKIT}\n" + "".join(internal(p) for p in INTERNAL_LAYERS)
+    )
+
+
+def internal(package: str) -> str:
+    layers = "".join(f"    {layer}\n" for layer in INTERNAL_LAYERS[package])
+    return (
+        f"\n[importlinter:contract:{package}]\n"
+        f"name = {package} modules in layers\n"
+        "type = layers\n"
+        f"containers =\n    {package}\n"
+        f"layers =\n{layers}"
     )
 
 

@@ -381,7 +381,7 @@ for dockerfile in "$REPO_ROOT"/services/*/Dockerfile; do
   if [[ $text != *$'\n'"ARG PYTHON_IMAGE="* || $text != *$'\n'"ARG UV_IMAGE="* ]]; then
     die "services/$service/Dockerfile must take its base images as build arguments (ARG PYTHON_IMAGE=..., ARG UV_IMAGE=... before the first FROM, as services/kubelet-plugin/Dockerfile does; docs/images.md)"
   fi
-  inputs=$(hash_files pyproject.toml uv.lock libs "services/$service" services/*/pyproject.toml)
+  inputs=$(hash_files pyproject.toml uv.lock libs "services/$service" services/*/pyproject.toml tools/*/pyproject.toml)
   go_id=""
   if [[ $text == *$'\n'"ARG GO_IMAGE="* ]]; then go_id=${RESULT_ID[go]}; fi
   publish "$service" "$(tag_of "service $RECIPE_SERVICE $service $inputs ${RESULT_ID[python-base]} ${RESULT_ID[uv]}$go_id")" \

@@ -52,9 +52,10 @@ from typing import Any, Literal, NoReturn
 from gpuslice_api.quantity import MIB
 from gpuslice_core.cdi import ClaimSpecs, ContainerEdits, Hook, Mount, resolve
 from gpuslice_core.errors import GpusliceError
+from gpuslice_draplugin import ClaimRef
 from gpuslice_kubelet_plugin.cdispecs import CONTROL_NODES, CdiWriter
 from gpuslice_kubelet_plugin.checkpoint import ClaimRecord
-from gpuslice_kubelet_plugin.claims import ClaimRef, parse_claim
+from gpuslice_kubelet_plugin.claims import parse_claim
 from gpuslice_kubelet_plugin.discovery import DRIVER, Device, Inventory, discover
 from gpuslice_kubelet_plugin.enforcer import ShareGrant
 from gpuslice_kubelet_plugin.plan import make_plan

@@ -4,19 +4,19 @@ identity by (pid, start time) so a recycled pid is never signalled, and port che
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-PR_SET_PDEATHSIG = 1
 LOOPBACK = "127.0.0.1"
 
 
@@ -93,17 +93,19 @@ def listening_ports(pid: int) -> set[int]:
     return ports
 
 
-def _die_with(parent: int) -> Callable[[], None]:
-    """preexec_fn: SIGKILL this child when the thread that forked it dies (Linux), so a
-    killed test run leaves no orphan; exit at once if the parent is already gone."""
+#: Put in front of a command by ``start(..., die_with_parent=True)``; see its docstring.
+DEATHSIG = Path(__file__).with_name("deathsig.py")
 
-    def hook() -> None:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:
-            os._exit(1)
 
-    return hook
+def _program(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> str:
+    """``argv[0]`` as the wrapper will exec it; FileNotFoundError here, as Popen would raise,
+    when there is no such program."""
+    program = argv[0]
+    if os.sep in program and not Path(program).is_absolute():
+        program = str(cwd / program)
+    if shutil.which(program, path=env.get("PATH", os.defpath)) is None:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv[0])
+    return program
 
 
 @dataclass
@@ -173,13 +175,45 @@ def start(
     cwd: Path,
     die_with_parent: bool,
 ) -> Proc:
-    """Start argv in its own session (process group) with stdout+stderr appended to `log`."""
+    """Start argv in its own session (process group) with stdout+stderr appended to `log`;
+    with `die_with_parent` it is SIGKILLed when the thread that started it dies.
+
+    Never with a ``preexec_fn``: that makes ``subprocess`` fork() this process, and in a
+    process that runs gRPC (every test process: health probes, the node agents' servers) the
+    child then restarts gRPC's poller, ``close_fds`` closes the poller's epoll descriptor, and
+    the child aborts before exec ("epoll_wait error: Bad file descriptor", issue 27). Without
+    one, ``subprocess`` uses vfork() and exec, which runs no fork handlers; the death signal is
+    armed by a small wrapper after that exec (``deathsig.py``), which then execs `argv` in
+    the same process, so `pid` is the command's."""
     log.parent.mkdir(parents=True, exist_ok=True)
+    if not die_with_parent:
+        return _spawn(name, argv, list(argv), log, env, cwd, ())
+    program = _program(argv, env, cwd)
+    armed_r, armed_w = os.pipe()
+    with os.fdopen(armed_r, "rb") as armed:
+        try:
+            wrapper = [sys.executable, "-I", "-S", str(DEATHSIG), str(os.getpid()), str(armed_w)]
+            proc = _spawn(name, argv, [*wrapper, program, *argv[1:]], log, env, cwd, (armed_w,))
+        finally:
+            os.close(armed_w)
+        armed.read()  # EOF: the wrapper armed the signal (or ended); this thread may end now
+    return proc
+
+
+def _spawn(
+    name: str,
+    argv: Sequence[str],
+    command: list[str],
+    log: Path,
+    env: Mapping[str, str],
+    cwd: Path,
+    pass_fds: tuple[int, ...],
+) -> Proc:
     with log.open("ab") as out:
         out.write(f"### {time.strftime('%H:%M:%S')} {' '.join(argv)}\n".encode())
         out.flush()
         popen = subprocess.Popen(
-            list(argv),
+            command,
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -187,7 +221,7 @@ def start(
             cwd=cwd,
             start_new_session=True,
             close_fds=True,
-            preexec_fn=_die_with(os.getpid()) if die_with_parent else None,
+            pass_fds=pass_fds,
         )
     return Proc(name, list(argv), log, popen.pid, proc_start_time(popen.pid), popen=popen)
 

@@ -1,18 +1,19 @@
-"""A stand-in DRA kubelet plugin for the node-agent tests: the real registration and DRA gRPC
-protocols, none of gpuslice's logic.
+"""A stand-in DRA kubelet plugin for the node-agent tests: gpuslice's DRA helper
+(``gpuslice_draplugin``) serves the real registration and DRA gRPC protocols; this file holds
+only the stand-in's own logic, none of gpuslice's.
 
-It serves ``<registry>/<driver>-reg.sock`` (Registration: GetInfo, NotifyRegistrationStatus)
-and ``<plugins>/<driver>/dra.sock`` (DRAPlugin v1 and v1beta1). NodePrepareResources reads the
-claim from the API server (drivers get no allocation in the request) and writes one CDI spec per
-claim whose devices set ``GPU_DEVICE`` (the device name), ``GPU_CLAIM`` and, for consumable
-capacity, ``GPU_CORES``; NodeUnprepareResources deletes it. Every call is recorded so a test
-can assert what the node agent sent.
+It serves ``<registry>/<driver>-reg.sock`` and ``<plugins>/<driver>/dra.sock`` (DRAPlugin v1
+and v1beta1, or whatever ``supported_versions`` advertises). Prepare reads the claim from the
+API server (drivers get no allocation in the request) and writes one CDI spec per claim whose
+devices set ``GPU_DEVICE`` (the device name), ``GPU_CLAIM``, ``GPU_POOL`` and, for consumable
+capacity, ``GPU_CORES``; unprepare deletes it. Every call is recorded (by an interceptor, the
+helper's option for seeing calls) so a test can assert what the node agent sent.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,14 +21,8 @@ from typing import Any
 import grpc
 
 from gpuslice_core.cdi import ClaimSpecs, ContainerEdits, Device, Hook
-from gpuslice_core.grpcserver import UnixGrpcServer
-from gpuslice_kube.raw import RawApi, resource_path
-from gpuslice_protos.kubelet.dra.v1 import api_pb2 as v1_pb2
-from gpuslice_protos.kubelet.dra.v1 import api_pb2_grpc as v1_grpc
-from gpuslice_protos.kubelet.dra.v1beta1 import api_pb2 as v1beta1_pb2
-from gpuslice_protos.kubelet.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
-from gpuslice_protos.kubelet.pluginregistration.v1 import api_pb2 as reg_pb2
-from gpuslice_protos.kubelet.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from gpuslice_draplugin import ClaimRef, Helper, PreparedDevice, PrepareResult, Sockets, start
+from gpuslice_kube.raw import RawApi
 
 DRIVER = "standin.gpuslice.dev"
 
@@ -43,13 +38,40 @@ class Calls:
     get_info: int = 0
 
 
+class _Recorder(grpc.ServerInterceptor):
+    """Hands every unary call's method and request to ``seen`` before the helper answers."""
+
+    def __init__(self, seen: Callable[[str, Any], None]) -> None:
+        self.seen = seen
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = continuation(handler_call_details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        inner, method = handler.unary_unary, handler_call_details.method
+
+        def call(request: Any, context: grpc.ServicerContext) -> Any:
+            self.seen(method, request)
+            return inner(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(
+            call,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
 class StandinDraPlugin:
     def __init__(
         self,
         registry_dir: Path,
         plugins_dir: Path,
         cdi_root: Path,
-        kube: RawApi,
+        kube: RawApi | None,
         *,
         driver: str = DRIVER,
         supported_versions: tuple[str, ...] = ("v1.DRAPlugin", "v1beta1.DRAPlugin"),
@@ -59,7 +81,7 @@ class StandinDraPlugin:
         self.driver = driver
         self.reg_socket = registry_dir / f"{driver}-reg.sock"
         self.dra_socket = plugins_dir / driver / "dra.sock"
-        self.kube = kube
+        self.kube = kube  # None: registration only (no claims to read)
         self.supported_versions = supported_versions
         self.plugin_type = plugin_type
         self.specs = ClaimSpecs(cdi_root, vendor=f"k8s.{driver}", cdi_class="claim")
@@ -70,160 +92,106 @@ class StandinDraPlugin:
         self.fail_unprepare: Callable[[str], str] | None = None
         self.write_specs = True  # False: hand out CDI ids without writing their spec
         self._lock = threading.Lock()
-        self._dra: UnixGrpcServer | None = None
-        self._reg: UnixGrpcServer | None = None
+        self._helper: Helper | None = None
 
     @classmethod
     def for_agent(cls, agent: Any, kube: RawApi, **kwargs: Any) -> StandinDraPlugin:
         cfg = agent.config
         return cls(cfg.registry_dir, cfg.plugins_dir, cfg.cdi_dir, kube, **kwargs)
 
-    # ---- lifecycle: DRA socket first, then the registration socket (the kubelet dials it) ---
+    # ---- lifecycle: the helper's (DRA socket first, then the registration socket) ----------
     def start(self) -> StandinDraPlugin:
-        self.start_dra()
-        self.start_registration()
+        self._helper = start(
+            self,
+            driver=self.driver,
+            node="",
+            raw=self.kube,
+            sockets=Sockets(registration=self.reg_socket, dra=self.dra_socket),
+            claim_cache=False,
+            versions=self.supported_versions,
+            plugin_type=self.plugin_type,
+            interceptors=[_Recorder(self._seen)],
+        )
         return self
 
-    def start_dra(self) -> None:
-        dra = UnixGrpcServer([self.dra_socket], name=f"standin-dra-{self.driver}")
-        dra.add(v1_grpc.add_DRAPluginServicer_to_server, _V1(self), "v1.DRAPlugin")
-        dra.add(v1beta1_grpc.add_DRAPluginServicer_to_server, _V1beta1(self), "v1beta1.DRAPlugin")
-        dra.start()
-        self._dra = dra
-
-    def start_registration(self) -> None:
-        reg = UnixGrpcServer([self.reg_socket], name=f"standin-reg-{self.driver}")
-        reg.add(reg_grpc.add_RegistrationServicer_to_server, _Registration(self), "registration")
-        reg.start()
-        self._reg = reg
+    @property
+    def helper(self) -> Helper:
+        assert self._helper is not None, "start() the stand-in first"
+        return self._helper
 
     def stop_registration(self) -> None:
-        if self._reg is not None:
-            self._reg.stop(grace=0.5)
-            self._reg = None
+        self.helper.server.stop_registration()
         self.registered.clear()
 
-    def stop_dra(self) -> None:
-        if self._dra is not None:
-            self._dra.stop(grace=0.5)
-            self._dra = None
+    def start_registration(self) -> None:
+        self.helper.server.start_registration()
 
     def stop(self) -> None:
-        self.stop_registration()
-        self.stop_dra()
+        if self._helper is not None:
+            self._helper.stop(grace=0.5)
+        self.registered.clear()
 
-    # ---- DRA -------------------------------------------------------------------------------
-    def prepare_claim(self, namespace: str, name: str, uid: str, version: str) -> Any:
-        """One claim → (devices as dicts, error)."""
-        if self.fail_prepare is not None:
-            error = self.fail_prepare(name)
-            if error:
-                return [], error
-        claim = self.kube.get(
-            resource_path("resource.k8s.io/v1", "resourceclaims", namespace=namespace, name=name)
-        )
-        if claim["metadata"]["uid"] != uid:
-            return [], f"claim {namespace}/{name} has UID {claim['metadata']['uid']}, not {uid}"
-        results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
-            "results"
-        ) or []
+    def _seen(self, method: str, request: Any) -> None:
+        service, _, name = method.lstrip("/").partition("/")
+        with self._lock:
+            if name == "GetInfo":
+                self.calls.get_info += 1
+            elif name == "NotifyRegistrationStatus":
+                self.calls.notifications.append((request.plugin_registered, request.error))
+                if request.plugin_registered:
+                    self.registered.set()
+            elif name in ("NodePrepareResources", "NodeUnprepareResources"):
+                # k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin -> v1.DRAPlugin, as registered
+                self.calls.versions.append(".".join(service.split(".")[-2:]))
+                calls = (
+                    self.calls.prepare if name == "NodePrepareResources" else self.calls.unprepare
+                )
+                calls.append([c.name for c in request.claims])
+
+    # ---- DRA (gpuslice_draplugin.Plugin) ---------------------------------------------------
+    def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
+        return {ref.uid: self._prepare(ref) for ref in claims}
+
+    def _prepare(self, ref: ClaimRef) -> PrepareResult:
+        error = self.fail_prepare(ref.name) if self.fail_prepare is not None else ""
+        if error:
+            return RuntimeError(error)
+        claim = self.helper.claims.read(ref)
+        if claim["metadata"]["uid"] != ref.uid:
+            return RuntimeError(f"claim {ref} has UID {claim['metadata']['uid']}, not {ref.uid}")
+        allocation = (claim.get("status") or {}).get("allocation") or {}
+        results = (allocation.get("devices") or {}).get("results") or []
         devices: list[Device] = []
-        out: list[dict[str, Any]] = []
+        out: list[PreparedDevice] = []
         for r in results:
             if r["driver"] != self.driver:
                 continue
-            share = r.get("shareID") if version == "v1.DRAPlugin" else None
-            env = [f"GPU_DEVICE={r['device']}", f"GPU_CLAIM={name}", f"GPU_POOL={r['pool']}"]
+            share = r.get("shareID") or None  # the helper sends it on v1 only
+            env = [f"GPU_DEVICE={r['device']}", f"GPU_CLAIM={ref.name}", f"GPU_POOL={r['pool']}"]
             cores = (r.get("consumedCapacity") or {}).get("cores")
             if cores is not None:
                 env.append(f"GPU_CORES={cores}")
-            dev_name = self.specs.device_name(uid, r["device"], share or None)
-            devices.append(
-                Device(name=dev_name, container_edits=ContainerEdits(env=env, hooks=self.hooks))
-            )
+            name = self.specs.device_name(ref.uid, r["device"], share)
+            edits = ContainerEdits(env=env, hooks=self.hooks)
+            devices.append(Device(name=name, container_edits=edits))
             out.append(
-                {
-                    "request_names": [r["request"]],
-                    "pool_name": r["pool"],
-                    "device_name": r["device"],
-                    "share_id": share,
-                    "cdi_device_ids": [self.specs.qualified_id(dev_name)],
-                }
+                PreparedDevice(
+                    request_names=(r["request"],),
+                    pool=r["pool"],
+                    device=r["device"],
+                    cdi_device_ids=(self.specs.qualified_id(name),),
+                    share_id=share,
+                )
             )
         if devices and self.write_specs:
-            self.specs.write(uid, devices)
-        return out, ""
+            self.specs.write(ref.uid, devices)
+        return out
 
-    def prepare(self, claims: Any, version: str, pb: Any) -> Any:
-        with self._lock:
-            self.calls.prepare.append([c.name for c in claims])
-            self.calls.versions.append(version)
-        response = pb.NodePrepareResourcesResponse()
-        for c in claims:
-            devices, error = self.prepare_claim(c.namespace, c.name, c.uid, version)
-            entry = response.claims[c.uid]
-            if error:
-                entry.error = error
-                continue
-            for d in devices:
-                kwargs = {k: v for k, v in d.items() if k != "share_id" or v}
-                if version != "v1.DRAPlugin":
-                    kwargs.pop("share_id", None)
-                entry.devices.append(pb.Device(**kwargs))
-        return response
-
-    def unprepare(self, claims: Any, version: str, pb: Any) -> Any:
-        with self._lock:
-            self.calls.unprepare.append([c.name for c in claims])
-            self.calls.versions.append(version)
-        response = pb.NodeUnprepareResourcesResponse()
-        for c in claims:
-            error = self.fail_unprepare(c.name) if self.fail_unprepare else ""
+    def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, Exception | None]:
+        out: dict[str, Exception | None] = {}
+        for ref in claims:
+            error = self.fail_unprepare(ref.name) if self.fail_unprepare else ""
             if not error:
-                self.specs.delete(c.uid)
-            response.claims[c.uid].error = error
-        return response
-
-
-class _Registration(reg_grpc.RegistrationServicer):
-    def __init__(self, plugin: StandinDraPlugin) -> None:
-        self.p = plugin
-
-    def GetInfo(self, request: reg_pb2.InfoRequest, context: grpc.ServicerContext) -> Any:
-        self.p.calls.get_info += 1
-        return reg_pb2.PluginInfo(
-            type=self.p.plugin_type,
-            name=self.p.driver,
-            endpoint=str(self.p.dra_socket),
-            supported_versions=list(self.p.supported_versions),
-        )
-
-    def NotifyRegistrationStatus(
-        self, request: reg_pb2.RegistrationStatus, context: grpc.ServicerContext
-    ) -> Any:
-        self.p.calls.notifications.append((request.plugin_registered, request.error))
-        if request.plugin_registered:
-            self.p.registered.set()
-        return reg_pb2.RegistrationStatusResponse()
-
-
-class _V1(v1_grpc.DRAPluginServicer):
-    def __init__(self, plugin: StandinDraPlugin) -> None:
-        self.p = plugin
-
-    def NodePrepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
-        return self.p.prepare(request.claims, "v1.DRAPlugin", v1_pb2)
-
-    def NodeUnprepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
-        return self.p.unprepare(request.claims, "v1.DRAPlugin", v1_pb2)
-
-
-class _V1beta1(v1beta1_grpc.DRAPluginServicer):
-    def __init__(self, plugin: StandinDraPlugin) -> None:
-        self.p = plugin
-
-    def NodePrepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
-        return self.p.prepare(request.claims, "v1beta1.DRAPlugin", v1beta1_pb2)
-
-    def NodeUnprepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
-        return self.p.unprepare(request.claims, "v1beta1.DRAPlugin", v1beta1_pb2)
+                self.specs.delete(ref.uid)
+            out[ref.uid] = RuntimeError(error) if error else None
+        return out

@@ -346,7 +346,7 @@ def test_components_and_options_can_be_switched(helm_bin: Path) -> None:
     assert pod_spec(tuned)["runtimeClassName"] == "nvidia"
     mounts = {m["mountPath"]: m for m in byname["kubelet-plugin"]["volumeMounts"]}
     assert mounts["/run/nvidia/driver"]["readOnly"] is True
-    monitor = one(tuned, "ServiceMonitor")
+    monitor = one(tuned, "ServiceMonitor", "gpuslice-node")
     assert [e["port"] for e in monitor["spec"]["endpoints"]] == [
         "plugin",
         "enforcer",
@@ -440,7 +440,7 @@ CONTROLLER_WEBHOOK_RULES = {
         "gpuslice-controller",
     )
     for kind in ("validating", "mutating")
-    for verb in ("get", "update")
+    for verb in ("get", "list", "watch", "update")  # list/watch: by name (field selector)
 }
 
 
@@ -463,6 +463,23 @@ def test_controller_rbac_is_exactly_its_calls(helm_bin: Path) -> None:
     view = one(render(helm_bin), "ClusterRole", "gpuslice-view")
     assert rule_set(view) == {("gpu.gpuslice.dev", "gpus", "get", "")}
     assert not find(no_view, "ClusterRole", "gpuslice-view")
+    # In its namespace: its Secret and its Lease by name; only create (which cannot be named:
+    # the name is in the body) is unnamed, and reads no Secret.
+    secret, lease = f"{name}-tls", name
+    role = one(render(helm_bin), "Role", name)
+    assert rule_set(role) == {
+        *(("", "secrets", v, secret) for v in ("get", "list", "watch", "update")),
+        ("", "secrets", "create", ""),
+        ("coordination.k8s.io", "leases", "create", ""),
+        *(("coordination.k8s.io", "leases", v, lease) for v in ("get", "update", "patch")),
+    }
+    cert_manager = render(helm_bin, *sets("controller.certificates.certManager=true"))
+    assert {r for r in rule_set(one(cert_manager, "Role", name)) if r[1] == "secrets"} == {
+        ("", "secrets", v, secret) for v in ("list", "watch")
+    }
+    assert rule_set(one(cert_manager, "ClusterRole", name)) == (
+        CONTROLLER_CLUSTER_RULES | CONTROLLER_VIEW_RULES
+    )
 
 
 def test_grafana_dashboard_is_off_by_default_and_queries_the_controllers_metrics(
@@ -481,6 +498,67 @@ def test_grafana_dashboard_is_off_by_default_and_queries_the_controllers_metrics
     exposed = set(re.findall(r'"(gpuslice_[a-z_]+)"', source))
     exposed |= {f"{name}_total" for name in exposed}
     assert used and used <= exposed, used - exposed
+    # The per-claim panels read series that only /view/metrics serves (authorized); each says
+    # so, and the $namespace variable is the claims' own label (the ServiceMonitor honors it).
+    claim_panels = [
+        p for p in dashboard["panels"] if any("gpuslice_claim_" in t["expr"] for t in p["targets"])
+    ]
+    assert claim_panels
+    assert all("/view/metrics" in p.get("description", "") for p in claim_panels)
+
+
+def test_controller_metrics_are_scraped_at_both_doors(helm_bin: Path) -> None:
+    """The open /metrics (no tenant data) over HTTP; the per-claim series at /view/metrics
+    over HTTPS with Prometheus's own token, the controller's CA and the claims' namespace
+    label kept (issue 27). Prometheus's ServiceAccount gets the view through
+    controller.clusterView.readers."""
+    name = "gpuslice-controller"
+    readers = [
+        {"kind": "ServiceAccount", "name": "prometheus-k8s", "namespace": "monitoring"},
+        {"kind": "Group", "name": "sre"},
+    ]
+    objs = render(
+        helm_bin,
+        *sets("metrics.serviceMonitor.enabled=true"),
+        *set_json("controller.clusterView.readers", readers),
+    )
+    monitor = one(objs, "ServiceMonitor", name)
+    assert monitor["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == (
+        "controller"
+    )
+    plain, claims = monitor["spec"]["endpoints"]
+    assert (plain["port"], plain["path"]) == ("metrics", "/metrics") and "scheme" not in plain
+    assert (claims["port"], claims["scheme"], claims["path"]) == (
+        "webhook",
+        "https",
+        "/view/metrics",
+    )
+    assert claims["honorLabels"] is True
+    assert claims["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    assert claims["tlsConfig"] == {
+        "serverName": f"{name}.gpuslice.svc",
+        "ca": {"secret": {"name": f"{name}-tls", "key": "ca.crt"}},
+    }
+    service = one(objs, "Service", name)
+    assert {p["name"] for p in service["spec"]["ports"]} == {"webhook", "metrics"}
+    binding = one(objs, "ClusterRoleBinding", "gpuslice-view")
+    assert binding["roleRef"]["name"] == "gpuslice-view"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "prometheus-k8s", "namespace": "monitoring"},
+        {"kind": "Group", "name": "sre", "apiGroup": "rbac.authorization.k8s.io"},
+    ]
+    assert not find(render(helm_bin), "ClusterRoleBinding", "gpuslice-view")  # none by default
+    no_view = render(
+        helm_bin,
+        *sets("metrics.serviceMonitor.enabled=true", "controller.clusterView.enabled=false"),
+    )
+    assert [e["path"] for e in one(no_view, "ServiceMonitor", name)["spec"]["endpoints"]] == [
+        "/metrics"
+    ]
+    no_metrics = render(
+        helm_bin, *sets("metrics.serviceMonitor.enabled=true", "controller.metrics.enabled=false")
+    )
+    assert not find(no_metrics, "ServiceMonitor", name)
 
 
 # ---- sync with the services and with e2e/manifests --------------------------------------------
@@ -1144,6 +1222,20 @@ def test_installed_rbac_allows_exactly_the_calls_of_the_services(
         as_node.list(resource_path("v1", "configmaps", namespace=namespace))
 
 
+# What no node identity may change on its own Node, and the policies' message for each.
+NODE_METADATA_CHANGES: list[tuple[Obj, str]] = [
+    ({"finalizers": ["example.com/keep"]}, "may not change the finalizers of its Node"),
+    (
+        {
+            "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Pod", "name": "ghost", "uid": str(uuid.uuid4())}
+            ]
+        },
+        "may not change the owner references of its Node",
+    ),
+]
+
+
 def test_installed_policies_confine_the_node_pods_to_their_own_node(
     sandbox: ControlPlane, kube: RawApi, installed: tuple[str, str]
 ) -> None:
@@ -1173,10 +1265,48 @@ def test_installed_policies_confine_the_node_pods_to_their_own_node(
             as_a.create(slices, a_slice(node_a, driver="other.example.com"))
         with pytest.raises(KubeError, match="no node name in the credentials"):
             impersonating(sandbox, user, None).create(slices, a_slice(node_a))
-        own = as_a.create(slices, a_slice(node_a))
+        # Owned by its own Node, as the kubelet plugin writes them; no other owner, no
+        # finalizer (it would keep a gone node's GPUs published).
+        uid_a, uid_b = (
+            kube.get(resource_path("v1", "nodes", name=n))["metadata"]["uid"]
+            for n in (node_a, node_b)
+        )
+        owner = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "name": node_a,
+            "uid": uid_a,
+            "controller": True,
+        }
+        owned = a_slice(node_a)
+        owned["metadata"]["ownerReferences"] = [owner]
+        own = as_a.create(slices, owned)
         own["spec"]["pool"]["generation"] = 2
         path = resource_path(RESOURCE, "resourceslices", name=own["metadata"]["name"])
-        as_a.replace(path, own)
+        own = as_a.replace(path, own)
+        for owners in (
+            [{**owner, "name": node_b, "uid": uid_b}],
+            [owner, {"apiVersion": "v1", "kind": "Pod", "name": "ghost", "uid": str(uuid.uuid4())}],
+            [{**owner, "blockOwnerDeletion": True}],
+        ):
+            bad = a_slice(node_a)
+            bad["metadata"]["ownerReferences"] = owners
+            with pytest.raises(
+                KubeError, match=re.escape(f"node '{node_a}' may name only its own Node")
+            ):
+                as_a.create(slices, bad)
+            with pytest.raises(
+                KubeError, match=re.escape(f"node '{node_a}' may name only its own Node")
+            ):
+                as_a.replace(
+                    path, {**own, "metadata": {**own["metadata"], "ownerReferences": owners}}
+                )
+        finalized = a_slice(node_a)
+        finalized["metadata"]["finalizers"] = ["example.com/keep"]
+        with pytest.raises(KubeError, match="may not add finalizers to ResourceSlices"):
+            as_a.create(slices, finalized)
+        with pytest.raises(KubeError, match="may not add finalizers to ResourceSlices"):
+            as_a.replace(path, {**own, "metadata": {**own["metadata"], "finalizers": ["a/b"]}})
         as_a.delete(path)
 
         state = "gpuslice.dev/mig.config.state"
@@ -1198,8 +1328,22 @@ def test_installed_policies_confine_the_node_pods_to_their_own_node(
                 resource_path("v1", "nodes", name=node_b),
                 {"metadata": {"labels": {state: "success"}}},
             )
-        with pytest.raises(KubeError, match="may not change the spec or the annotations"):
+        with pytest.raises(KubeError, match="may not change the spec of its Node"):
             as_a.patch(node_path, {"spec": {"unschedulable": True}})
+        # Nothing else in metadata either, not even along with the allowed label: a finalizer
+        # keeps the Node from being deleted, an owner that does not exist gets it collected.
+        changes = [
+            *NODE_METADATA_CHANGES,
+            ({"annotations": {"team": "x"}}, "may not change the annotations of its Node"),
+        ]
+        for change, message in changes:
+            with pytest.raises(KubeError, match=re.escape(f"the gpuslice node pod {message}")):
+                as_a.patch(node_path, {"metadata": {"labels": {state: "success"}, **change}})
+        with pytest.raises(KubeError, match=f"may change only the label {state}"):
+            as_a.patch(node_path, {"metadata": {"labels": {"gpuslice.dev/mig.config": "all"}}})
+        node = kube.get(node_path)["metadata"]
+        assert state not in node.get("labels", {}) and not node.get("finalizers")
+        assert not node.get("ownerReferences") and not node.get("annotations")
     finally:
         for node in (node_a, node_b):
             with contextlib.suppress(KubeNotFoundError):
@@ -1251,6 +1395,11 @@ def test_installed_policy_confines_the_device_plugin_to_its_own_node(
             as_a.patch(path_a, {"metadata": {"annotations": {"team": "x"}}})
         with pytest.raises(KubeError, match="may not change the spec"):
             as_a.patch(path_a, {"spec": {"unschedulable": True}})
+        for change, message in NODE_METADATA_CHANGES:
+            with pytest.raises(KubeError, match=re.escape(f"the gpuslice device plugin {message}")):
+                as_a.patch(path_a, {"metadata": {**own["metadata"], **change}})
+        node = kube.get(path_a)["metadata"]
+        assert not node.get("finalizers") and not node.get("ownerReferences")
         with pytest.raises(KubeError, match=re.escape(f"may not change Node '{node_a}'")):
             impersonating(sandbox, user, None).patch(path_a, own)  # no node in the token
     finally:

@@ -1,8 +1,9 @@
-"""The controller's cluster view against the real control plane: metrics per GPU and per claim,
-the /view/ JSON for ServiceAccount tokens the real API server reviews (with the chart's own
-gpuslice-view ClusterRole), and GpuUnschedulable Events on a pod the real scheduler cannot
-place. A sandbox GPU node (node agent + the real kubelet plugin, one H100) serves the module;
-the controller runs as a process without webhooks (admission has its own suite)."""
+"""The controller's cluster view against the real control plane: metrics per GPU (open) and
+per claim (/view/metrics, only for a token the view admits), the /view/ JSON for
+ServiceAccount tokens the real API server reviews (with the chart's own gpuslice-view
+ClusterRole), and GpuUnschedulable Events on a pod the real scheduler cannot place. A sandbox
+GPU node (node agent + the real kubelet plugin, one H100) serves the module; the controller runs
+as a process without webhooks (admission has its own suite)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,16 @@ __all__ = ["helm_bin"]  # a fixture, used by name
 BIN = Path(sys.executable).parent
 GIB = 1024**3
 
+Sample = tuple[str, tuple[tuple[str, str], ...]]
+
+
+def parse_samples(text: str) -> dict[Sample, float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
 
 @dataclass
 class Controller:
@@ -70,18 +81,29 @@ class Controller:
         except urllib.error.HTTPError as exc:
             return exc.code, json.loads(exc.read())
 
-    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    def metrics(self) -> dict[Sample, float]:
+        """The open metrics port, as anyone on the network reads it."""
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         try:
             with urllib.request.urlopen(url, timeout=10) as r:
                 text = r.read().decode()
         except urllib.error.URLError:
             return {}  # not listening yet
-        return {
-            (s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text)
-            for s in family.samples
-        }
+        return parse_samples(text)
+
+    def claim_metrics(self, token: str | None) -> tuple[int, dict[Sample, float]]:
+        """``GET /view/metrics`` with ``token``: (status, samples)."""
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        request = urllib.request.Request(f"https://127.0.0.1:{self.port}/view/metrics")
+        if token is not None:
+            request.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(request, context=ctx, timeout=10) as r:
+                return int(r.status), parse_samples(r.read().decode())
+        except urllib.error.HTTPError as exc:
+            return exc.code, {}
 
 
 @pytest.fixture(scope="module")
@@ -182,8 +204,11 @@ def start_pod(kube: RawApi, ns: str, node: GpuNode, name: str, **capacity: str) 
 
 
 def test_metrics_follow_a_share_and_its_delete(
-    controller: Controller, kube: RawApi, node: GpuNode, ns: str
+    controller: Controller, kube: RawApi, node: GpuNode, ns: str, tokens: tuple[str, str]
 ) -> None:
+    """The GPU's figures on the open port; the claim's (namespace and name: tenant data) only
+    on /view/metrics, for a token the real API server says may read the view (issue 27)."""
+    reader, stranger = tokens
     start_pod(kube, ns, node, "share", cores="30", memory="20Gi")
     wait_pod_phase(kube, ns, "share", "Running", timeout=30)
     gpu = (
@@ -202,22 +227,30 @@ def test_metrics_follow_a_share_and_its_delete(
     assert samples[("gpuslice_gpu_memory_allocated_bytes", gpu)] == 20 * GIB
     assert samples[("gpuslice_gpu_memory_total_bytes", gpu)] == 81559 * 1024**2
     assert samples[("gpuslice_gpu_cordoned", gpu)] == 0
+    assert samples[("gpuslice_view_events_total", (("kind", "ResourceClaim"),))] > 0
+    # Nothing on the open port names a claim or a namespace.
+    assert not [key for key in samples if key[0].startswith("gpuslice_claim_")]
+    assert not [key for key in samples if {"namespace", "claim", "pod"} & dict(key[1]).keys()]
+
+    status, claims = controller.claim_metrics(reader)
+    assert status == 200
     [claim_row] = [
         (labels, v)
-        for (name, labels), v in samples.items()
+        for (name, labels), v in claims.items()
         if name == "gpuslice_claim_cores_percent" and ("namespace", ns) in labels
     ]
     assert claim_row[1] == 30 and ("device", "gpu-0") in claim_row[0]
-    assert samples[("gpuslice_view_events_total", (("kind", "ResourceClaim"),))] > 0
+    assert not [key for key in claims if key[0].startswith("gpuslice_gpu_")]
+    assert controller.claim_metrics(stranger)[0] == 403
+    assert controller.claim_metrics(None)[0] == 401
+    assert controller.claim_metrics("not-a-token")[0] == 401
 
     kube.delete(resource_path("v1", "pods", namespace=ns, name="share"))
     wait_pod_gone(kube, ns, "share", timeout=30)
     wait_for(lambda: allocated() == 0 or None, 20, "gpu-0 free in the metrics")
-    assert not [
-        key
-        for key in controller.metrics()
-        if key[0].startswith("gpuslice_claim_") and ("namespace", ns) in key[1]
-    ]
+    status, claims = controller.claim_metrics(reader)
+    assert status == 200
+    assert not [key for key in claims if ("namespace", ns) in key[1]]
 
 
 def test_view_json_needs_a_token_with_the_permission(

@@ -33,9 +33,9 @@ from e2e.tests.test_kubelet_plugin_support import ClaimMaker
 from gpuslice_controller import certs
 from gpuslice_controller.server import ServingCert, WebhookServer
 from gpuslice_controller.validate import ClaimValidator, Classes
+from gpuslice_draplugin import ClaimRef
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 from gpuslice_kube.reflector import Reflector, metadata_only
-from gpuslice_kubelet_plugin.claims import ClaimRef
 from gpuslice_testkit.kubelet_plugin.dra import DraClient, gpu_config, ref, result
 from gpuslice_testkit.kubelet_plugin.harness import Harness
 from gpuslice_view.feed import ViewFeeder
@@ -147,7 +147,7 @@ def test_a_deep_claim_stops_no_plugin_and_no_prepare(
     allocate_hostile(kube, namespace, "deep-here", [result("gpu-1", pool=node_name)])
 
     plugin = harness.start()  # used to die here: RecursionError listing every claim
-    cache = plugin.driver.claims
+    cache = plugin.driver.helper.claims
     assert cache.reflector is not None
     wait_for(lambda: cache.get(ClaimRef(namespace, "good", good["metadata"]["uid"])), 10, "cache")
 

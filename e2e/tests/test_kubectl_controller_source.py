@@ -4,7 +4,8 @@ the API listing, with the one-line note, once the controller is stopped.
 
 The sandbox's controller listens on loopback, and the API server's service proxy refuses
 loopback endpoints, so the plugin is pointed straight at it (`--controller https://...`, the
-design's direct path); the proxied path is covered by libs/view/tests/test_remote.py."""
+design's direct path); the proxied path is covered by
+tools/kubectl-gpuslice/tests/test_remote.py."""
 
 from __future__ import annotations
 

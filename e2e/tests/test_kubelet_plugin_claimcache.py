@@ -14,12 +14,10 @@ from e2e.sandbox.nodeagent.credentials import node_kubeconfig
 from e2e.sandbox.nodeagent.testing import unique, wait_for
 from e2e.tests.test_kubelet_plugin_prepare import RecordingRawApi
 from e2e.tests.test_kubelet_plugin_support import ClaimMaker
+from gpuslice_draplugin import ClaimCache, ClaimRef, ResourceApi
 from gpuslice_kube.client import new_api_client
 from gpuslice_kube.raw import RawApi
-from gpuslice_kubelet_plugin.claimcache import ClaimCache
-from gpuslice_kubelet_plugin.claims import ClaimRef
 from gpuslice_kubelet_plugin.discovery import DRIVER
-from gpuslice_kubelet_plugin.kubeapi import ResourceApi
 from gpuslice_testkit.kubelet_plugin.dra import ref, result
 from gpuslice_testkit.kubelet_plugin.harness import Harness, Running
 
@@ -35,7 +33,9 @@ def test_prepare_takes_a_watched_claim_without_reading_the_api(
     claim = claims("c", results=[result("gpu-0", pool=node_name)])
     uid = claim["metadata"]["uid"]
     wait_for(
-        lambda: plugin.driver.claims.get(ClaimRef(namespace, "c", uid)) is not None, 10, "cache"
+        lambda: plugin.driver.helper.claims.get(ClaimRef(namespace, "c", uid)) is not None,
+        10,
+        "cache",
     )
     answer = plugin.client.prepare([ref(claim)])[uid]
     assert answer.error == ""
@@ -49,7 +49,7 @@ def test_the_uid_the_kubelet_names_wins_over_the_cache(
     old = claims("c", results=[result("gpu-0", pool=node_name)])
     old_uid = old["metadata"]["uid"]
     wait_for(
-        lambda: plugin.driver.claims.get(ClaimRef(namespace, "c", old_uid)) is not None,
+        lambda: plugin.driver.helper.claims.get(ClaimRef(namespace, "c", old_uid)) is not None,
         10,
         "cache",
     )
@@ -72,7 +72,9 @@ def test_after_unprepare_the_claim_is_read_again(
     plugin = harness.start(raw=raw)
     claim = claims("c", results=[result("gpu-0", pool=node_name)])
     uid = claim["metadata"]["uid"]
-    wait_for(lambda: plugin.driver.claims.get(ClaimRef(namespace, "c", uid)) is not None, 10, "")
+    wait_for(
+        lambda: plugin.driver.helper.claims.get(ClaimRef(namespace, "c", uid)) is not None, 10, ""
+    )
     assert plugin.client.prepare([ref(claim)])[uid].error == ""
     assert plugin.client.unprepare([ref(claim)]) == {uid: ""}
     # its allocation may have changed since (the watch may not say so yet): read it
@@ -87,7 +89,7 @@ def test_without_list_permission_the_cache_is_off_and_prepare_reads_the_api(
     stranger = node_kubeconfig(sandbox.pki, sandbox.server, unique("stranger"), short_dir / "n")
     forbidden = RawApi(new_api_client(stranger, user_agent="gpuslice-test"), deadline=2)
     cache = ClaimCache(
-        ResourceApi(forbidden, plugin.driver.api.server), driver=DRIVER, pool=node_name
+        ResourceApi(forbidden, plugin.driver.helper.api.server), driver=DRIVER, pool=node_name
     )
     assert cache.start() is False
     assert not cache.enabled
@@ -97,6 +99,6 @@ def test_without_list_permission_the_cache_is_off_and_prepare_reads_the_api(
 
 def test_the_cache_can_be_turned_off(harness: Harness, claims: ClaimMaker, node_name: str) -> None:
     plugin = harness.start(claim_cache=False)
-    assert not plugin.driver.claims.enabled
+    assert not plugin.driver.helper.claims.enabled
     claim = claims("c", results=[result("gpu-0", pool=node_name)])
     assert plugin.client.prepare([ref(claim)])[claim["metadata"]["uid"]].error == ""

@@ -15,6 +15,7 @@ from e2e.sandbox.nodeagent.credentials import node_kubeconfig
 from e2e.sandbox.nodeagent.testing import unique
 from e2e.tests.test_kubelet_plugin_support import ClaimMaker
 from gpuslice_core.cdi import ClaimSpecs, ContainerEdits, Device
+from gpuslice_draplugin import ResourceApi
 from gpuslice_kube.client import new_api_client
 from gpuslice_kube.errors import KubeForbiddenError, KubeTransientError
 from gpuslice_kube.raw import RawApi
@@ -25,7 +26,6 @@ from gpuslice_kubelet_plugin.checkpoint import (
     PluginState,
     open_store,
 )
-from gpuslice_kubelet_plugin.kubeapi import ResourceApi
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as epb
 from gpuslice_testkit.kubelet_plugin.dra import ref, result
 from gpuslice_testkit.kubelet_plugin.harness import Harness
@@ -156,12 +156,12 @@ def test_claims_that_left_the_api_are_unprepared(
 
     # nothing is unprepared on doubt: the API refuses (a real 403 — the Node authorizer does
     # not let a node identity read a claim no pod of its uses) ...
-    server = plugin.driver.api.server
+    server = plugin.driver.helper.api.server
     stranger = node_kubeconfig(sandbox.pki, sandbox.server, unique("stranger"), short_dir / "n")
     forbidden = RawApi(new_api_client(stranger, user_agent="gpuslice-test"), deadline=2)
     with pytest.raises(KubeForbiddenError):
         ResourceApi(forbidden, server).get_claim(namespace, "kept")
-    plugin.driver.api = ResourceApi(forbidden, server)
+    plugin.driver.helper.claims.api = ResourceApi(forbidden, server)
     assert plugin.driver.collector.run_once() == []
     assert list(plugin.state.committer.read().claims) == [kept["metadata"]["uid"]]
     # ... or cannot be reached at all (the plugin's client points at a closed port)
@@ -169,6 +169,6 @@ def test_claims_that_left_the_api_are_unprepared(
     unreachable = RawApi(new_api_client(closed, user_agent="gpuslice-test"), deadline=0.5)
     with pytest.raises(KubeTransientError):
         ResourceApi(unreachable, server).get_claim(namespace, "kept")
-    plugin.driver.api = ResourceApi(unreachable, server)
+    plugin.driver.helper.claims.api = ResourceApi(unreachable, server)
     assert plugin.driver.collector.run_once() == []
     assert list(plugin.state.committer.read().claims) == [kept["metadata"]["uid"]]

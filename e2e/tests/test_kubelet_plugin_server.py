@@ -11,7 +11,7 @@ import pytest
 
 from e2e.sandbox.nodeagent.testing import wait_for
 from e2e.tests.test_kubelet_plugin_support import ClaimMaker
-from gpuslice_kubelet_plugin.server import Sockets, probe
+from gpuslice_draplugin import Sockets, probe
 from gpuslice_protos.kubelet.pluginregistration.v1 import api_pb2 as reg
 from gpuslice_protos.kubelet.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from gpuslice_testkit.kubelet_plugin.dra import ref, result
@@ -53,7 +53,7 @@ def test_registration_answers_as_the_kubelet_expects(plugin: Running, short_dir:
         "v1alpha1.DRAResourceHealth",
     ]
     notify(sockets.registration, True)
-    assert plugin.driver.server.registered.is_set()
+    assert plugin.driver.helper.server.registered.is_set()
 
 
 def test_without_health_streaming_and_with_a_pod_uid(harness: Harness, short_dir: Path) -> None:
@@ -69,7 +69,7 @@ def test_without_health_streaming_and_with_a_pod_uid(harness: Harness, short_dir
 
 def test_a_refused_registration_recreates_the_socket(harness: Harness) -> None:
     plugin = harness.start()
-    plugin.driver.server.retry_initial = 0.05
+    plugin.driver.helper.server.retry_initial = 0.05
     socket = plugin.settings.sockets.registration
 
     def identity() -> tuple[int, int] | None:  # what the kubelet's plugin watcher compares
@@ -84,11 +84,14 @@ def test_a_refused_registration_recreates_the_socket(harness: Harness) -> None:
     wait_for(
         lambda: identity() not in (None, before), 10, "the registration socket to be re-created"
     )
-    assert plugin.driver.server.failures == 1
-    assert plugin.driver.server.last_error == "version mismatch"
+    assert plugin.driver.helper.server.failures == 1
+    assert plugin.driver.helper.server.last_error == "version mismatch"
     assert get_info(socket).name == "gpu.gpuslice.dev"
     notify(socket, True)
-    assert plugin.driver.server.registered.is_set() and plugin.driver.server.failures == 0
+    assert (
+        plugin.driver.helper.server.registered.is_set()
+        and plugin.driver.helper.server.failures == 0
+    )
 
 
 def test_probe_and_stop(plugin: Running) -> None:

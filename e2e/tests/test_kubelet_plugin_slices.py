@@ -13,12 +13,11 @@ import pytest
 from e2e.sandbox.controlplane import ControlPlane
 from e2e.sandbox.gpunode import RESOURCE, delete_node_slices, node_slices
 from e2e.sandbox.nodeagent.testing import unique, wait_for
+from gpuslice_draplugin import HelperMetrics, Pool, ResourceApi, detect
+from gpuslice_draplugin.kubeapi import read_node
+from gpuslice_draplugin.slices import SlicePublisher, node_owner
 from gpuslice_kube.client import new_api_client
 from gpuslice_kube.raw import Obj, RawApi, resource_path
-from gpuslice_kubelet_plugin.kubeapi import ResourceApi, detect
-from gpuslice_kubelet_plugin.metrics import PluginMetrics
-from gpuslice_kubelet_plugin.nodemode import read_node
-from gpuslice_kubelet_plugin.slices import PoolContent, SlicePublisher, node_owner
 from gpuslice_nvml import open_nvml
 from gpuslice_testkit.kubelet_plugin.harness import Harness, Node, Running, write_node
 
@@ -43,18 +42,19 @@ class Publishers:
 
     def new(
         self,
-        content: list[PoolContent],
+        pool: Pool,
         node: str,
         owner: Callable[[], Obj | None] = lambda: None,
     ) -> SlicePublisher:
+        """A publisher of ``node``'s pool (named after the node), not started."""
         pub = SlicePublisher(
             ResourceApi(self.raw, self.server),
             node=node,
             driver=DRIVER,
-            content=lambda: content[0],
-            metrics=PluginMetrics(),
+            metrics=HelperMetrics("test"),
             owner=owner,
         )
+        pub.set_pools({node: pool})
         self.made.append(pub)
         return pub
 
@@ -101,8 +101,7 @@ def test_generation_count_and_stale_slices(
         return [(s["metadata"], s["spec"]) for s in after] == [(before["metadata"], before["spec"])]
 
     try:
-        content = [PoolContent(tuple(plain(200)))]
-        pub = publishers.new(content, node_name)
+        pub = publishers.new(Pool(plain(200)), node_name)
         assert pub.reconcile() is True
         slices = node_slices(kube, node_name)
         assert len(slices) == 2
@@ -112,7 +111,7 @@ def test_generation_count_and_stale_slices(
         assert pub.reconcile() is False  # nothing changed: nothing written
         assert node_slices(kube, node_name) == slices  # not even a resourceVersion
 
-        content[0] = PoolContent(tuple(plain(100)))  # shrinks to one slice
+        pub.set_pools({node_name: Pool(plain(100))})  # shrinks to one slice
         assert pub.reconcile() is True
         slices = node_slices(kube, node_name)
         assert len(slices) == 1
@@ -123,7 +122,7 @@ def test_generation_count_and_stale_slices(
         }
         assert untouched(foreign)
 
-        content[0] = PoolContent(tuple(plain(100) + plain(100, start=500)))  # grows again
+        pub.set_pools({node_name: Pool(plain(100) + plain(100, start=500))})  # grows again
         assert pub.reconcile() is True
         slices = node_slices(kube, node_name)
         assert {s["spec"]["pool"]["generation"] for s in slices} == {3}
@@ -133,10 +132,35 @@ def test_generation_count_and_stale_slices(
         delete_node_slices(kube, other)
 
 
+def test_pools_are_published_each_with_its_own_generation_and_dropped_when_left_out(
+    publishers: Publishers, kube: RawApi, node_name: str
+) -> None:
+    def by_pool() -> dict[str, list[tuple[int, int, int]]]:
+        out: dict[str, list[tuple[int, int, int]]] = {}
+        for s in node_slices(kube, node_name):
+            pool = s["spec"]["pool"]
+            out.setdefault(pool["name"], []).append(
+                (pool["generation"], pool["resourceSliceCount"], len(s["spec"]["devices"]))
+            )
+        return {name: sorted(slices) for name, slices in out.items()}
+
+    pub = publishers.new(Pool(plain(3)), node_name)
+    pub.set_pools({"a": Pool(plain(3)), "b": Pool(plain(130))})
+    assert pub.reconcile() is True
+    assert by_pool() == {"a": [(1, 1, 3)], "b": [(1, 2, 2), (1, 2, 128)]}
+    pub.set_pools({"a": Pool(plain(3)), "b": Pool(plain(2))})
+    assert pub.reconcile() is True
+    assert by_pool() == {"a": [(1, 1, 3)], "b": [(2, 1, 2)]}  # only b was rewritten
+    pub.set_pools({"a": Pool(plain(3))})
+    assert pub.reconcile() is True
+    assert by_pool() == {"a": [(1, 1, 3)]}  # b is no longer published: its slices go
+    assert pub.reconcile() is False
+
+
 def test_a_wiped_pool_is_published_again_with_a_higher_generation(
     publishers: Publishers, kube: RawApi, node_name: str
 ) -> None:
-    pub = publishers.new([PoolContent(tuple(plain(3)))], node_name)
+    pub = publishers.new(Pool(plain(3)), node_name)
     pub.start()
     wait_for(lambda: len(node_slices(kube, node_name)) == 1, 10, "the pool")
     delete_node_slices(kube, node_name)  # the kubelet wipes the node's slices
@@ -156,8 +180,7 @@ def test_the_node_owns_its_pool_and_takes_it_along_when_deleted(
         return [s["metadata"].get("ownerReferences") or [] for s in node_slices(kube, node_name)]
 
     nodes = resource_path("v1", "nodes")
-    content = [PoolContent(tuple(plain(200)))]
-    pub = publishers.new(content, node_name, owner)
+    pub = publishers.new(Pool(plain(200)), node_name, owner)
     assert pub.reconcile() is True
     assert owners() == [[], []]  # no Node yet: published without an owner
     assert pub.reconcile() is False
@@ -184,7 +207,7 @@ def test_the_node_owns_its_pool_and_takes_it_along_when_deleted(
 def test_a_slice_edited_by_someone_else_is_rewritten(
     publishers: Publishers, kube: RawApi, node_name: str
 ) -> None:
-    pub = publishers.new([PoolContent(tuple(plain(3)))], node_name)
+    pub = publishers.new(Pool(plain(3)), node_name)
     pub.start()
     [s] = wait_for(lambda: node_slices(kube, node_name), 10, "the pool")
     s["spec"]["devices"] = []
@@ -228,7 +251,7 @@ def test_falls_back_to_an_older_version_when_the_server_lacks_v1(
         harness = Harness(short_dir, sandbox.kubeconfig, nvml, node_name=node)
         try:
             running = harness.start(raw=OlderServer(harness.raw(), version))
-            assert running.driver.api.server.group_version == f"resource.k8s.io/{version}"
+            assert running.driver.helper.api.server.group_version == f"resource.k8s.io/{version}"
             group_version = f"resource.k8s.io/{version}"
             slices = wait_for(
                 lambda: node_slices(kube, node, group_version=group_version), 10, "the slices"

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -18,6 +20,8 @@ from e2e.sandbox import flags, procs
 from e2e.sandbox.apiproxy import upstream_for
 from e2e.sandbox.binaries import SCRIPT, BinariesMissingError, find_binaries, pinned_versions
 from e2e.sandbox.certs import TinyCA, service_account_key
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_pinned_versions_come_from_versions_env() -> None:
@@ -147,3 +151,105 @@ def test_service_relay_picks_the_api_server_of_the_pods_node(tmp_path: Path) -> 
     assert upstream_for("10.244.5.2", tmp_path, default) == default  # unreadable record
     assert upstream_for("127.0.0.1", tmp_path, default) == default  # not a pod
     assert upstream_for("10.244.3.7", None, default) == default
+
+
+# ---- starting processes without fork() (issue 27) -------------------------------------------
+# Runs in a fresh interpreter: a pthread_atfork handler cannot be removed again. It counts the
+# fork() calls whose libc fork handlers run (gRPC's are such handlers; vfork() runs none).
+FORK_PROBE = """
+import ctypes, os, subprocess, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from e2e.sandbox import procs
+forks = []
+prepare = ctypes.CFUNCTYPE(None)(lambda: forks.append(1))
+assert ctypes.CDLL(None).__register_atfork(prepare, None, None, None) == 0  # pthread_atfork
+subprocess.run(["true"], preexec_fn=lambda: None, check=True)  # the probe sees a fork()
+seen = len(forks)
+p = procs.start("sleeper", ["sleep", "60"], Path(sys.argv[2]), {"PATH": os.environ["PATH"]},
+                cwd=Path(sys.argv[3]), die_with_parent=True)
+procs.stop([p], grace=5.0)
+print(seen, len(forks) - seen)
+"""
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+    except OSError:
+        return []
+
+
+def test_start_runs_no_fork_handlers_in_the_launcher(tmp_path: Path) -> None:
+    """A ``preexec_fn`` made subprocess fork() the launcher: in a test process that runs gRPC,
+    gRPC's fork handlers then restarted its poller in the child, ``close_fds`` closed the
+    poller's epoll descriptor and the child aborted before exec ("epoll_wait error: Bad file
+    descriptor"), which the e2e tests saw as the device plugin or the controller aborting at
+    start-up. procs.start must start processes without fork(), so no fork handler runs."""
+    out = subprocess.run(
+        [sys.executable, "-c", FORK_PROBE, str(REPO_ROOT), str(tmp_path / "s.log"), tmp_path],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    probe_saw, start_forked = (int(n) for n in out.stdout.split())
+    assert probe_saw == 1, "the probe does not see fork handlers run"
+    assert start_forked == 0, "procs.start forked the launcher: fork handlers ran"
+
+
+def test_the_started_pid_is_the_commands(tmp_path: Path) -> None:
+    p = procs.start(
+        "sleeper",
+        ["sleep", "60"],
+        tmp_path / "sleeper.log",
+        {"PATH": os.environ["PATH"]},
+        cwd=tmp_path,
+        die_with_parent=True,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while _cmdline(p.pid) != ["sleep", "60"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _cmdline(p.pid) == ["sleep", "60"]
+        assert p.alive()
+    finally:
+        procs.stop([p], grace=5.0)
+
+
+def test_a_process_dies_with_the_thread_that_started_it(tmp_path: Path) -> None:
+    started: list[procs.Proc] = []
+
+    def launch() -> None:
+        started.append(
+            procs.start(
+                "sleeper",
+                ["sleep", "60"],
+                tmp_path / "sleeper.log",
+                {"PATH": os.environ["PATH"]},
+                cwd=tmp_path,
+                die_with_parent=True,
+            )
+        )
+
+    thread = threading.Thread(target=launch)
+    thread.start()
+    thread.join()
+    (p,) = started
+    deadline = time.monotonic() + 10
+    while p.alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not p.alive(), "PR_SET_PDEATHSIG did not kill the process when its thread ended"
+    assert p.returncode() == -signal.SIGKILL
+
+
+def test_a_missing_program_fails_at_start(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        procs.start(
+            "nothing",
+            ["gpuslice-no-such-program"],
+            tmp_path / "nothing.log",
+            {"PATH": os.environ["PATH"]},
+            cwd=tmp_path,
+            die_with_parent=True,
+        )

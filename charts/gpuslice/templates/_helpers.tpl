@@ -217,3 +217,24 @@ service:
   port: 443
 {{- end -}}
 {{- end }}
+
+{{/*
+What a node identity may never change on its Node (admission-policies.yaml): everything in
+metadata but the labels and annotations (each policy says which of those it may change) and the
+spec. A finalizer keeps the Node from being deleted; an owner reference to an object that does
+not exist makes the garbage collector delete the Node. The rest of metadata is immutable on
+update or the API server's own (managedFields changes with every write, the allowed one too).
+*/}}
+{{- define "gpuslice.nodePinned" -}}
+- expression: "object.metadata.?finalizers.orValue([]) == oldObject.metadata.?finalizers.orValue([])"
+  message: {{ .who }} may not change the finalizers of its Node
+- expression: >-
+    object.metadata.?ownerReferences.orValue([]) ==
+    oldObject.metadata.?ownerReferences.orValue([])
+  message: {{ .who }} may not change the owner references of its Node
+- expression: >-
+    object.metadata.?generateName.orValue('') == oldObject.metadata.?generateName.orValue('')
+  message: {{ .who }} may not change the generateName of its Node
+- expression: "object.spec == oldObject.spec"
+  message: {{ .who }} may not change the spec of its Node
+{{- end }}

@@ -13,7 +13,7 @@ from gpuslice_controller.viewapi import ViewApi, credentials
 from gpuslice_testkit import view as t
 from gpuslice_view import report
 from gpuslice_view.model import ClusterView
-from gpuslice_view.remote import TOKEN_HEADER
+from gpuslice_view.wire import TOKEN_HEADER
 
 pytestmark = pytest.mark.timeout(10)
 T = TypeVar("T")
@@ -99,6 +99,23 @@ def test_authorization_comes_first_then_sync(source: t.FixedFeeder) -> None:
     status, error = get(ViewApi(source, Allow()), "/view/gpus")
     assert status == HTTPStatus.SERVICE_UNAVAILABLE and "not synced" in error["error"]
     assert source.reads == 0
+
+
+def test_claim_metrics_are_behind_the_same_door(source: t.FixedFeeder) -> None:
+    deny = Allow()
+    deny.answer = Decision(HTTPStatus.UNAUTHORIZED, message="a bearer token is required")
+    refused = ViewApi(source, deny).get("/view/metrics", None)
+    assert refused.status == HTTPStatus.UNAUTHORIZED and b"gpuslice_claim_" not in refused.body
+    assert source.reads == 0
+    answer = ViewApi(source, Allow()).get("/view/metrics", "Bearer x")
+    assert answer.status == HTTPStatus.OK and answer.content_type.startswith("text/plain")
+    text = answer.body.decode()
+    assert 'gpuslice_claim_cores_percent{claim="a",device="gpu-0",namespace="ml"' in text
+    assert "gpuslice_gpu_" not in text  # those are on the open port
+    # Before the view has synced: 200 and no claim series (a failing target would look down).
+    source.synced.clear()
+    answer = ViewApi(source, Allow()).get("/view/metrics", "Bearer x")
+    assert answer.status == HTTPStatus.OK and answer.body == b""
 
 
 def test_the_token_comes_from_authorization_else_the_proxy_safe_header() -> None:

@@ -1,4 +1,5 @@
-"""The per-GPU and per-claim metrics, from a ClusterView built of API-shaped dicts."""
+"""The per-GPU and per-claim metrics, from a ClusterView built of API-shaped dicts: the open
+collector names no claim or namespace; the claim collector (behind /view/metrics) does."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import TypeVar
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gpuslice_controller.viewmetrics import ViewCollector
+from gpuslice_controller.viewmetrics import ClaimCollector, ViewCollector
 from gpuslice_testkit import view as t
 from gpuslice_view.live import NodeLive, ShareLive
 from gpuslice_view.model import ClusterView
@@ -50,6 +51,15 @@ def cluster() -> ClusterView:
 
 
 def registry(source: t.FixedFeeder) -> CollectorRegistry:
+    """Both collectors in one registry, as Prometheus sees them after scraping both doors."""
+    reg = CollectorRegistry()
+    reg.register(ViewCollector(source))
+    reg.register(ClaimCollector(source))
+    return reg
+
+
+def open_registry(source: t.FixedFeeder) -> CollectorRegistry:
+    """What the open /metrics port serves."""
     reg = CollectorRegistry()
     reg.register(ViewCollector(source))
     return reg
@@ -156,8 +166,40 @@ def test_until_synced_only_the_view_counters_are_given() -> None:
 
 def test_one_read_of_the_view_per_scrape() -> None:
     source = t.FixedFeeder(cluster(), events=EVENTS)
-    generate_latest(registry(source))
+    generate_latest(open_registry(source))
     assert source.reads == 1
+
+
+def test_the_open_port_names_no_claim_and_no_namespace() -> None:
+    """Issue 27: /metrics needs no credentials, so it carries no tenant data; the per-claim
+    series are only in the claim collector (served behind the view's authorization)."""
+    view = cluster()
+    now = time.time()
+    view.live = {"node-a": NodeLive("node-a", "u", now, {("ml", "a", UUID0): ShareLive(1, 0, 5)})}
+    source = t.FixedFeeder(view, events=EVENTS)
+    open_text = generate_latest(open_registry(source)).decode()
+    assert "gpuslice_gpu_memory_used_bytes" in open_text  # the GPU's live figures stay
+    labels = {
+        name
+        for family in open_registry(source).collect()
+        for sample in family.samples
+        for name in sample.labels
+    }
+    assert labels == {"node", "device", "uuid", "model", "type", "state", "kind"}
+    assert "gpuslice_claim_" not in open_text and '"ml"' not in open_text
+    claims = CollectorRegistry()
+    claims.register(ClaimCollector(source))
+    claim_families = {family.name for family in claims.collect()}
+    assert claim_families == {
+        "gpuslice_claim_cores_percent",
+        "gpuslice_claim_memory_bytes",
+        "gpuslice_claim_memory_used_bytes",
+        "gpuslice_claim_sm_used_percent",
+    }
+    unsynced = t.FixedFeeder(cluster(), synced=False)
+    claims = CollectorRegistry()
+    claims.register(ClaimCollector(unsynced))
+    assert generate_latest(claims) == b"" and unsynced.reads == 0
 
 
 def test_live_usage_rows_only_while_the_enforcers_figures_are_current() -> None:

@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-MODE_LABEL = "gpuslice.dev/mode"
+from gpuslice_api.names import MODE_LABEL
+
 MODE_DEVICE_PLUGIN = "device-plugin"
 EXIT_REFUSED = 3
 """Exit status of a service that refused a node (2: bad configuration, 1: failure)."""
@@ -67,3 +68,12 @@ def kubelet_plugin_refusal(node: Mapping[str, Any]) -> str | None:
             " plugin on this node first (the kubelet reports the resource as 0 five minutes after)"
         )
     return None
+
+
+__all__ = [
+    "EXIT_REFUSED",
+    "MODE_DEVICE_PLUGIN",
+    "MODE_LABEL",
+    "device_plugin_resources",
+    "kubelet_plugin_refusal",
+]

@@ -6,12 +6,13 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from gpuslice_api import names
+from gpuslice_api.names import DRIVER
 from gpuslice_view.model import ClusterView
 
 T = TypeVar("T")
 
 Obj = dict[str, Any]
-DRIVER = "gpu.gpuslice.dev"
 GIB = 1024**3
 H100_MIB = 81559
 GPU_CLASS = (
@@ -87,7 +88,7 @@ def claim(
     *,
     results: list[Obj] | None = None,
     pods: tuple[str, ...] = (),
-    device_class: str = "gpu.gpuslice.dev",
+    device_class: str = names.GPU_CLASS,
     selectors: tuple[str, ...] = (),
     tolerations: list[Obj] | None = None,
     count: int | None = None,
@@ -123,7 +124,7 @@ def device_class(name: str, expression: str) -> Obj:
     }
 
 
-CLASSES = [device_class("gpu.gpuslice.dev", GPU_CLASS), device_class("mig.gpuslice.dev", MIG_CLASS)]
+CLASSES = [device_class(names.GPU_CLASS, GPU_CLASS), device_class(names.MIG_CLASS, MIG_CLASS)]
 
 
 def taint_rule(name: str, node: str, device: str, effect: str = "NoSchedule") -> Obj:

@@ -18,13 +18,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from gpuslice_api.names import DRIVER
 from gpuslice_core.logging import get_logger
 from gpuslice_kube.discovery import RESOURCE_GROUP
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 from gpuslice_kube.reflector import Reflector, metadata_only
 from gpuslice_view.live import NodeLive
 from gpuslice_view.model import ClusterView
-from gpuslice_view.objects import DRIVER
 from gpuslice_view.source import resource_version, taint_rule_version
 
 log = get_logger(__name__)

@@ -17,11 +17,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from gpuslice_api.names import DRIVER
 from gpuslice_core.errors import NotFoundError
 from gpuslice_view.live import NodeLive, ShareLive
 from gpuslice_view.objects import (
     CORDON_KEY,
-    DRIVER,
     Claim,
     ClaimKey,
     Device,

@@ -14,11 +14,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuslice_api.names import DRIVER
 from gpuslice_api.quantity import MIB, parse_quantity
 from gpuslice_core.errors import InvalidArgumentError
 
 Obj = dict[str, Any]
-DRIVER = "gpu.gpuslice.dev"
 CORDON_KEY = f"{DRIVER}/cordon"
 """The key of the taint ``kubectl gpuslice cordon`` puts on a device (through a DeviceTaintRule)."""
 

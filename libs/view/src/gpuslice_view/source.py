@@ -7,13 +7,13 @@ which version DeviceTaintRule is served (v1 on 1.37, v1beta2 on 1.36, v1alpha3 b
 
 from __future__ import annotations
 
+from gpuslice_api.names import DRIVER
 from gpuslice_core.errors import FailedPreconditionError
 from gpuslice_kube.discovery import RESOURCE_GROUP, RESOURCE_VERSIONS, served_versions
 from gpuslice_kube.errors import KubeForbiddenError, KubeNotFoundError
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 from gpuslice_view import report
 from gpuslice_view.model import ClusterView
-from gpuslice_view.objects import DRIVER
 from gpuslice_view.reasons import why_pod
 from gpuslice_view.report import Row
 

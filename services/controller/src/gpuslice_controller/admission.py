@@ -40,6 +40,8 @@ DURATION = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
 )
 
+_FAILURES = untrusted.Throttle(60.0)
+
 
 @dataclass(frozen=True)
 class Decision:
@@ -86,9 +88,50 @@ def parse(body: bytes) -> tuple[Request, str]:
             "set admissionReviewVersions: [v1]"
         )
     request = review.get("request")
-    if not isinstance(request, dict) or not request.get("uid"):
-        raise BadReviewError("AdmissionReview has no request.uid")
+    if not isinstance(request, dict):
+        raise BadReviewError(
+            f"AdmissionReview request: {untrusted.shown(request)} is not an object"
+        )
+    wrong = [f"request.{key}: {why}" for key, why in _wrong_fields(request)]
+    if wrong:
+        raise BadReviewError(f"AdmissionReview is malformed: {'; '.join(wrong)}")
     return request, problem
+
+
+#: The fields of a review's request that this server and its reviewers read, and their
+#: types as the API server sends them (an absent or null field is not checked).
+_FIELDS: dict[str, tuple[type, ...]] = {
+    "uid": (str,),
+    "kind": (dict,),
+    "resource": (dict,),
+    "namespace": (str,),
+    "name": (str,),
+    "operation": (str,),
+    "dryRun": (bool,),
+    "object": (dict,),
+    "oldObject": (dict,),
+}
+_KIND_FIELDS = ("group", "version", "kind", "resource")
+_TYPE_NAMES = {str: "a string", dict: "an object", bool: "true or false"}
+
+
+def _wrong_fields(request: Request) -> list[tuple[str, str]]:
+    """(field, what is wrong with it) for each field of ``request`` that is not of the type
+    the API server sends: a review of any other shape comes from someone else."""
+    wrong = []
+    if not request.get("uid"):
+        wrong.append(("uid", "missing"))
+    for key, types in _FIELDS.items():
+        value = request.get(key)
+        if value is not None and not isinstance(value, types):
+            wrong.append((key, f"{untrusted.shown(value)} is not {_TYPE_NAMES[types[0]]}"))
+    for key in ("kind", "resource"):
+        value = request.get(key)
+        if isinstance(value, dict):
+            for sub in _KIND_FIELDS:
+                if value.get(sub) is not None and not isinstance(value[sub], str):
+                    wrong.append((f"{key}.{sub}", f"{untrusted.shown(value[sub])} is not a string"))
+    return wrong
 
 
 def text_at(obj: object, *path: str) -> str | None:
@@ -117,10 +160,19 @@ def answer(webhook: str, body: bytes, reviewer: Reviewer) -> bytes:
             decision = reviewer(request)
         result = "patched" if decision.patch else ("allowed" if decision.allowed else "denied")
     except Exception as exc:  # a bug must answer, not hang the API server's call
-        log.exception("reviewer failed", webhook=webhook, uid=text_at(request, "uid"))
+        # The traceback once a minute per webhook and error type: anyone can post an object
+        # of a shape no API server sends, and each must not cost a traceback in the log.
+        held = _FAILURES.allow(f"{webhook}/{type(exc).__name__}")
+        if held is not None:
+            log.exception(
+                "reviewer failed",
+                webhook=webhook,
+                uid=text_at(request, "uid"),
+                held_back=held or None,
+            )
         decision = Decision.deny(f"gpuslice-controller could not review this object: {exc}")
         result = "error"
-    uid = request["uid"] if isinstance(request["uid"], str) else untrusted.shown(request["uid"])
+    uid: str = request["uid"]
     response: dict[str, Any] = {"uid": uid, "allowed": decision.allowed}
     if not decision.allowed:
         response["status"] = {"code": 403, "reason": "Forbidden", "message": decision.message}

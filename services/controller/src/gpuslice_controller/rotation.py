@@ -6,6 +6,13 @@ state needs, in the safe order of ``certs.next_step``: a new CA is stored and pu
 any serving certificate is issued from it. Every write is a compare-and-swap on the object's
 resourceVersion, so two controllers that both think they lead cannot overwrite each other: the
 loser re-reads on its next pass.
+
+Passes run every ``--cert-check-interval`` (an hour) and, in between, whenever one of the
+webhook configurations the controller owns appears or changes without the bundle (created
+after the controller started, re-applied by a tool that drops ``caBundle``): ``BundleWatch``
+watches each by name (a ``metadata.name`` field selector, which RBAC authorizes with
+``resourceNames``, so the controller needs no right on other webhook configurations) and wakes
+the loop, which waits ``SETTLE`` for the rest of a burst and publishes within seconds.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from gpuslice_controller import certs
 from gpuslice_core.logging import get_logger
 from gpuslice_kube.errors import ConflictError, KubeAlreadyExistsError, KubeNotFoundError
 from gpuslice_kube.raw import Obj, RawApi
+from gpuslice_kube.reflector import Reflector
 
 log = get_logger(__name__)
 
@@ -31,6 +39,10 @@ MAX_STEPS = 4
 PUBLISH_GRACE = 10.0
 """Seconds a newly published CA bundle is given to reach every API server (their webhook
 configuration informers) before a certificate from the new CA is served."""
+SETTLE = 1.0
+"""Seconds a pass woken by a webhook configuration's change waits for the rest of a burst (helm
+creates both configurations at once); also the least time between two such passes, so a tool
+that keeps stripping the bundle costs one pass a second, not a hot loop."""
 
 
 @dataclass(frozen=True)
@@ -40,10 +52,62 @@ class WebhookConfigs:
     validating: tuple[str, ...] = ()
     mutating: tuple[str, ...] = ()
 
-    def paths(self) -> list[str]:
-        return [f"{ADMISSION}/validatingwebhookconfigurations/{n}" for n in self.validating] + [
-            f"{ADMISSION}/mutatingwebhookconfigurations/{n}" for n in self.mutating
+    def named(self) -> list[tuple[str, str]]:
+        """(collection path, name) of every configuration."""
+        return [(f"{ADMISSION}/validatingwebhookconfigurations", n) for n in self.validating] + [
+            (f"{ADMISSION}/mutatingwebhookconfigurations", n) for n in self.mutating
         ]
+
+    def paths(self) -> list[str]:
+        return [f"{collection}/{name}" for collection, name in self.named()]
+
+
+def bundle_of(config: Obj) -> set[str | None]:
+    """The distinct ``caBundle`` values of a configuration's webhooks (None: a webhook has none)."""
+    return {
+        (hook.get("clientConfig") or {}).get("caBundle") for hook in config.get("webhooks") or []
+    }
+
+
+class BundleWatch:
+    """Watches the webhook configurations by name; sets ``wake`` when one appears or changes
+    and a webhook in it lacks ``wanted()`` (the bundle last published; None before the first
+    pass: every configuration wakes)."""
+
+    def __init__(
+        self,
+        raw: RawApi,
+        webhooks: WebhookConfigs,
+        wanted: Callable[[], str | None],
+        wake: threading.Event,
+    ) -> None:
+        self.wanted = wanted
+        self.wake = wake
+        self.reflectors = [
+            Reflector(raw, collection, self.on_event, field_selector=f"metadata.name={name}")
+            for collection, name in webhooks.named()
+        ]
+
+    def on_event(self, event_type: str, config: Obj) -> None:
+        if event_type == "DELETED":
+            return  # nothing to publish to; the chart (or a user) creates it again
+        want = self.wanted()
+        if want is not None and bundle_of(config) <= {want}:
+            return
+        log.info(
+            "webhook configuration lacks the CA bundle; publishing",
+            name=(config.get("metadata") or {}).get("name"),
+            change=event_type,
+        )
+        self.wake.set()
+
+    def start(self) -> None:
+        for reflector in self.reflectors:
+            reflector.start()
+
+    def stop(self) -> None:
+        for reflector in self.reflectors:
+            reflector.stop()
 
 
 def secret_path(namespace: str, name: str = "") -> str:
@@ -72,6 +136,7 @@ class Rotator:
         policy: certs.Policy,
         clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
         publish_grace: float = PUBLISH_GRACE,
+        settle: float = SETTLE,
     ) -> None:
         self.raw = raw
         self.namespace = namespace
@@ -80,6 +145,11 @@ class Rotator:
         self.policy = policy
         self.clock = clock
         self.publish_grace = dt.timedelta(seconds=publish_grace)
+        self.settle = settle
+        self.wake = threading.Event()
+        """Set to run a pass now (``BundleWatch``, and ``run``'s stop)."""
+        self.bundle: str | None = None
+        """The CA bundle (base64, as in ``caBundle``) of the last pass."""
         self._seen_published: dict[bytes, dt.datetime] = {}
 
     # -- the Secret ------------------------------------------------------------------------
@@ -150,10 +220,9 @@ class Rotator:
             if config is None:
                 log.warning("webhook configuration not found; nothing to publish to", path=path)
                 continue
-            hooks = config.get("webhooks") or []
-            if all((h.get("clientConfig") or {}).get("caBundle") == want for h in hooks):
+            if bundle_of(config) <= {want}:
                 continue
-            for hook in hooks:
+            for hook in config.get("webhooks") or []:
                 hook.setdefault("clientConfig", {})["caBundle"] = want
             try:
                 self.raw.replace(path, config)
@@ -182,6 +251,7 @@ class Rotator:
                 done.append(step.reason)
                 current = step.material
             if current is not None:
+                self.bundle = base64.b64encode(current.ca_certs).decode()
                 changed = self.publish(current.ca_certs)
                 if changed:
                     done.append(f"published the CA bundle to {', '.join(changed)}")
@@ -193,11 +263,30 @@ class Rotator:
         return "; ".join(done)
 
     def run(self, stop: threading.Event, interval: float) -> None:
-        """Reconcile now and every ``interval`` seconds until ``stop`` is set."""
-        while not stop.is_set():
-            try:
-                outcome = self.reconcile()
-                log.info("certificates reconciled", secret=self.secret, outcome=outcome)
-            except Exception as exc:  # a failed pass is retried on the next one
-                log.warning("certificate reconcile failed", secret=self.secret, error=str(exc))
-            stop.wait(interval)
+        """Reconcile now, every ``interval`` seconds and whenever a webhook configuration lacks
+        the bundle, until ``stop`` is set."""
+
+        def wake_on_stop() -> None:
+            stop.wait()
+            self.wake.set()
+
+        threading.Thread(target=wake_on_stop, name="rotator-stop", daemon=True).start()
+        watch = BundleWatch(self.raw, self.webhooks, lambda: self.bundle, self.wake)
+        watching = False
+        try:
+            while not stop.is_set():
+                self.wake.clear()
+                if stop.is_set():  # set between the check and the clear: its wake is gone
+                    break
+                try:
+                    outcome = self.reconcile()
+                    log.info("certificates reconciled", secret=self.secret, outcome=outcome)
+                except Exception as exc:  # a failed pass is retried on the next one
+                    log.warning("certificate reconcile failed", secret=self.secret, error=str(exc))
+                if not watching:  # after the first pass: its list then finds nothing to do
+                    watch.start()
+                    watching = True
+                if self.wake.wait(interval):
+                    stop.wait(self.settle)  # the rest of a burst; at most a pass a second
+        finally:
+            watch.stop()

@@ -13,17 +13,20 @@ have synced) and, when a view is given, ``GET /view/...`` (``viewapi``: the clus
 JSON, for authenticated and authorized callers).
 
 What a client can take is bounded, since the review paths need no credentials (issue 27): a
-place among ``MAX_CONNECTIONS`` and a deadline per phase (``connections``); a request line of
-``MAX_LINE`` bytes and ``MAX_HEADER_BYTES`` of request line and headers together (431/414
-beyond); a body of ``MAX_BODY`` bytes with a valid ``Content-Length`` (411, 400, 413 otherwise,
-and the connection closed without reading it), read by at most ``BODY_SLOTS`` requests at once.
-Every malformed request gets a 4xx with the reason.
+place among the server's connections and a deadline per phase, held by the handler's own reads
+and writes (408 when a request does not arrive in time) and by a reaper behind them
+(``connections``); a request line, header lines, their count and their sum within
+``Limits`` (414/431 beyond); a body of at most ``Limits.body`` bytes with a valid
+``Content-Length`` (411, 400, 413 otherwise, and the connection closed without reading it),
+read by at most ``Limits.body_slots`` requests at once. Every malformed request gets a 4xx with
+the reason; a bad review a 400 naming the field (``admission.parse``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import http.client
+import io
 import os
 import socket
 import ssl
@@ -39,23 +42,10 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 
 from gpuslice_controller import admission, viewapi
-from gpuslice_controller.connections import (
-    HANDSHAKE_TIMEOUT,
-    IDLE_TIMEOUT,
-    REQUEST_TIMEOUT,
-    Connection,
-    Connections,
-)
+from gpuslice_controller.connections import Connection, Connections, Limits
 from gpuslice_core.logging import get_logger
 
 log = get_logger(__name__)
-
-MAX_BODY = 3 * 1024 * 1024
-"""The API server's request limit; no AdmissionReview is larger."""
-MAX_LINE = 8 * 1024
-MAX_HEADER_BYTES = 32 * 1024
-#: Requests reading a body at once (each up to MAX_BODY): memory a flood of bodies can take.
-BODY_SLOTS = 8
 
 
 class ServingCert:
@@ -84,6 +74,7 @@ class ServingCert:
             tmp.replace(path)
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.options |= ssl.OP_NO_RENEGOTIATION  # (TLS 1.2: a handshake's CPU, on demand)
         context.load_cert_chain(cert_file, key_file)
         with self._lock:
             self._context = context
@@ -103,10 +94,11 @@ class _Server(ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 128
 
-    def __init__(self, addr: tuple[str, int], app: WebhookServer) -> None:
+    def __init__(self, addr: tuple[str, int], app: WebhookServer, limits: Limits) -> None:
         self.app = app
-        self.connections = Connections()
-        self.body_slots = threading.BoundedSemaphore(BODY_SLOTS)
+        self.limits = limits
+        self.connections = Connections(limits)
+        self.body_slots = threading.BoundedSemaphore(limits.body_slots)
         # socket id -> its place, from admission (the accept loop) to its thread
         self._admitted: dict[int, Connection] = {}
         if ":" in addr[0]:
@@ -145,7 +137,12 @@ class _Server(ThreadingHTTPServer):
         context = self.app.cert.context()
         if context is None:
             return  # not ready: close without a word, the API server retries
-        request.settimeout(HANDSHAKE_TIMEOUT)
+        left = conn.remaining()
+        if left <= 0:  # (a thread started late, on a machine out of CPU)
+            self.connections.expired(conn)
+            return
+        # The whole handshake, not each read of it (ssl's do_handshake keeps one deadline).
+        request.settimeout(left)
         # A response is small and written at once; without TCP_NODELAY, Nagle's algorithm holds
         # any second segment until the client's delayed ACK (40 ms on Linux), which was 99% of
         # every review's round trip (bench/bench_controller.py, docs/controller.md "Figures").
@@ -155,38 +152,100 @@ class _Server(ThreadingHTTPServer):
             conn.sock = tls  # the plain socket object is detached now; the reaper cuts this one
             tls.do_handshake()
         except (ssl.SSLError, OSError) as exc:
+            if isinstance(exc, TimeoutError):
+                self.connections.expired(conn)
             log.debug("tls handshake failed", client=client_address[0], error=str(exc))
             return
-        tls.settimeout(IDLE_TIMEOUT)  # a second guard; the reaper holds the real deadlines
         try:
-            _Handler(tls, client_address, self, conn)
+            handler = _Handler(tls, client_address, self, conn)
+            if handler.answered:
+                conn.enter("closing")
+                _linger(tls, conn)
         finally:
             self.connections.release(conn)
             with contextlib.suppress(OSError):
                 tls.close()
 
 
+def _linger(sock: ssl.SSLSocket, conn: Connection, most: int = 256 * 1024) -> None:
+    """Half-close ``sock`` and read what the client still sends until it closes too (at most
+    ``most`` bytes, within the ``closing`` deadline). Closing a socket with unread input sends
+    a reset at once, which can destroy the answer before the client reads it — a 413 or 408
+    to a client still sending. Go's net/http and nginx linger likewise (RFC 9112, 9.6)."""
+    with contextlib.suppress(OSError, ValueError):
+        socket.socket.shutdown(sock, socket.SHUT_WR)  # the TCP half: the TLS layer is done
+        while most > 0 and (left := conn.remaining()) > 0:
+            sock.settimeout(left)
+            chunk = socket.socket.recv(sock, min(most, 64 * 1024))  # raw: it is thrown away
+            if not chunk:
+                return
+            most -= len(chunk)
+
+
+class _DeadlineIO(io.RawIOBase):
+    """A connection's TLS socket as a stream whose every read and write waits only for what is
+    left of the connection's current phase: a client sending or reading a byte at a time gains
+    nothing by it, and the handler sees the deadline as ``TimeoutError``."""
+
+    def __init__(self, sock: ssl.SSLSocket, conn: Connection) -> None:
+        super().__init__()
+        self._sock = sock
+        self._conn = conn
+
+    def readable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return True
+
+    def _wait_at_most(self) -> None:
+        left = self._conn.remaining()
+        if left <= 0:
+            raise TimeoutError(f"past the {self._conn.phase} deadline")
+        self._sock.settimeout(left)
+
+    def readinto(self, buffer: Any) -> int:
+        self._wait_at_most()
+        return self._sock.recv_into(buffer)
+
+    def write(self, data: Any) -> int:
+        self._wait_at_most()
+        return self._sock.send(data)
+
+
 class _HeaderBudget:
     """The handler's input while it reads a request's headers: ``readline`` fails with
-    ``LineTooLong`` (which the standard library answers with 431) once the request line and
-    headers together pass ``MAX_HEADER_BYTES``."""
+    ``LineTooLong`` once one header line passes ``header_line`` bytes or the request line and
+    headers together pass ``header_bytes``, and with ``HTTPException`` after ``header_count``
+    header lines (the standard library answers both with 431)."""
 
-    def __init__(self, raw: Any, budget: int) -> None:
+    def __init__(self, raw: Any, limits: Limits, used: int) -> None:
         self._raw = raw
-        self.left = budget
+        self._limits = limits
+        self.left = limits.header_bytes - used
+        self.lines = 0
 
     def readline(self, size: int = -1) -> bytes:
-        if self.left <= 0:
-            raise http.client.LineTooLong(f"headers over {MAX_HEADER_BYTES} bytes")
-        line: bytes = self._raw.readline(min(size, self.left + 1) if size >= 0 else self.left + 1)
+        limits = self._limits
+        self.lines += 1
+        if self.lines > limits.header_count + 1:  # the empty line that ends them is one more
+            raise http.client.HTTPException(f"more than {limits.header_count} header lines")
+        line: bytes = self._raw.readline(min(self.left, limits.header_line) + 1)
+        if len(line) > limits.header_line:
+            raise http.client.LineTooLong(f"a header line over {limits.header_line} bytes")
         self.left -= len(line)
         if self.left < 0:
-            raise http.client.LineTooLong(f"headers over {MAX_HEADER_BYTES} bytes")
+            raise http.client.LineTooLong(
+                f"request line and headers over {limits.header_bytes} bytes"
+            )
         return line
 
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    server_version = "gpuslice-controller"  # (not the Python version, as by default)
+    error_content_type = "text/plain; charset=utf-8"
+    error_message_format = "%(message)s: %(explain)s\n"
     # Buffered: the status line, headers and body leave in one write (one TLS record), flushed
     # by the handler after each request, instead of one write for the headers and one for the
     # body.
@@ -195,7 +254,18 @@ class _Handler(BaseHTTPRequestHandler):
 
     def __init__(self, request: Any, client_address: Any, server: _Server, conn: Connection):
         self.conn = conn
+        self.answered = False  # a final response of this request is (being) written
+        self.expect_100 = False  # the client waits for "100 Continue" before sending the body
         super().__init__(request, client_address, server)
+
+    def setup(self) -> None:
+        self.connection = self.request
+        self.input = io.BufferedReader(_DeadlineIO(self.request, self.conn))
+        self.rfile = self.input
+        self.wfile = io.BufferedWriter(_DeadlineIO(self.request, self.conn), self.wbufsize)
+
+    def version_string(self) -> str:
+        return self.server_version
 
     def log_message(self, format: str, *args: Any) -> None:
         return  # one structured line per review comes from admission.answer
@@ -205,46 +275,91 @@ class _Handler(BaseHTTPRequestHandler):
             super().finish()
 
     def handle_one_request(self) -> None:
-        """The standard library's, with the limits above: the request line and headers within
-        their byte budget, the whole request within its deadline."""
-        self.conn.enter("idle", IDLE_TIMEOUT)
+        """The standard library's, with the limits: the request line and headers within their
+        sizes, the whole request within its deadline, the answer within another."""
+        self.close_connection = True  # unless a request is read and answered whole
+        self.answered = self.expect_100 = False
+        # (what send_error reads, for an answer before the request line is whole: a 408)
+        self.raw_requestline = b""
+        self.requestline = self.request_version = self.command = ""
+        self.conn.enter("idle")
         try:
-            line = self.rfile.readline(MAX_LINE + 1)
-        except OSError:  # cut by the reaper, reset by the client, or the guard timeout
-            self.close_connection = True
+            if not self.input.peek(1):
+                return  # the client closed the connection
+        except TimeoutError:
+            self.server.connections.expired(self.conn)
             return
-        if not line:
-            self.close_connection = True
+        except OSError:  # reset by the client, or cut by the reaper
             return
-        self.conn.enter("request", REQUEST_TIMEOUT)
+        self.conn.enter("request")
+        try:
+            if not self._read_head():
+                return
+            method = getattr(self, f"do_{self.command}", None)
+            if method is None:
+                self.close_connection = True
+                self.send_error(HTTPStatus.NOT_IMPLEMENTED, f"method {self.command} is not served")
+            elif self.command == "POST":
+                method()
+            else:
+                if self.headers.get("Transfer-Encoding") or self.headers.get(
+                    "Content-Length", "0"
+                ).strip() not in ("", "0"):
+                    self.close_connection = True  # its body is never read, nor taken for a request
+                self.conn.enter("response")
+                method()
+            self.wfile.flush()
+        except TimeoutError:
+            self._too_slow()
+        except OSError:  # reset by the client, or cut by the reaper
+            self.close_connection = True
+
+    def _read_head(self) -> bool:
+        """Read and parse the request line and headers; False after answering why not."""
+        limits = self.server.limits
+        line = self.rfile.readline(limits.request_line + 1)
         self.raw_requestline = line
-        if len(line) > MAX_LINE:
-            self.requestline = self.request_version = self.command = ""
-            self.close_connection = True
-            self.send_error(HTTPStatus.REQUEST_URI_TOO_LONG, f"request line over {MAX_LINE} bytes")
-            return
+        if len(line) > limits.request_line:
+            self.send_error(
+                HTTPStatus.REQUEST_URI_TOO_LONG,
+                "Request line too long",
+                f"a request line over {limits.request_line} bytes",
+            )
+            return False
         raw = self.rfile
-        self.rfile = _HeaderBudget(raw, MAX_HEADER_BYTES - len(line))  # type: ignore[assignment]
+        self.rfile = _HeaderBudget(raw, limits, len(line))  # type: ignore[assignment]
         try:
-            parsed = self.parse_request()  # answers 400/414/431/505 itself
-        except OSError:
-            self.close_connection = True
-            return
+            parsed = self.parse_request()  # answers 400/431/505 itself
         finally:
             self.rfile = raw
         if not parsed:
             self.close_connection = True
+        return parsed
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        self.answered = True
+        super().send_response(code, message)
+
+    def handle_expect_100(self) -> bool:
+        self.expect_100 = True  # "100 Continue" only once the length is acceptable (_read_body)
+        return True
+
+    def _too_slow(self) -> None:
+        """The phase's deadline passed: 408 if the request was still arriving and nothing of an
+        answer is written yet, and the connection closed."""
+        self.close_connection = True
+        phase = self.conn.phase
+        self.server.connections.expired(self.conn)
+        if phase != "request" or self.answered:
             return
-        method = getattr(self, f"do_{self.command}", None)
-        if method is None:
-            self.close_connection = True
-            self.send_error(HTTPStatus.NOT_IMPLEMENTED, f"method {self.command} is not served")
-            return
-        try:
-            method()
+        self.conn.enter("response")  # a few seconds to write the 408, held by the socket
+        with contextlib.suppress(OSError):
+            self.send_error(
+                HTTPStatus.REQUEST_TIMEOUT,
+                "Request Timeout",
+                f"the request did not arrive within {self.server.limits.request_s:g} s",
+            )
             self.wfile.flush()
-        except OSError:
-            self.close_connection = True
 
     def _send(self, status: HTTPStatus, body: bytes, content_type: str = "text/plain") -> None:
         self.send_response(status)
@@ -276,6 +391,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _body_length(self) -> int | None:
         """The body's length, or None after refusing the request with the reason."""
+        limit = self.server.limits.body
         if self.headers.get("Transfer-Encoding"):
             self._refuse(HTTPStatus.LENGTH_REQUIRED, "send the body with a Content-Length")
             return None
@@ -291,11 +407,11 @@ class _Handler(BaseHTTPRequestHandler):
                 f"Content-Length must be one non-negative integer, got {shown!r}",
             )
             return None
-        length = int(text) if len(text) <= 18 else MAX_BODY + 1  # (int() caps digit counts)
-        if length > MAX_BODY:
+        length = int(text) if len(text) <= 18 else limit + 1  # (int() caps digit counts)
+        if length > limit:
             self._refuse(
                 HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                f"Content-Length {length} is over {MAX_BODY} bytes, the API server's limit",
+                f"Content-Length {text[:20]} is over {limit} bytes, the API server's limit",
             )
             return None
         if length == 0:
@@ -304,12 +420,17 @@ class _Handler(BaseHTTPRequestHandler):
         return length
 
     def _read_body(self, length: int) -> bytes | None:
-        """The body, read while holding one of the body slots; None when the request's
-        deadline passed first (the connection is then closed without an answer)."""
+        """The body, read while holding one of the body slots; None after refusing the
+        request (no slot free within its deadline) or when the client went away.
+        ``TimeoutError`` when the body did not arrive within the request's deadline."""
         if not self.server.body_slots.acquire(timeout=self.conn.remaining()):
-            self.close_connection = True
+            self._refuse(HTTPStatus.SERVICE_UNAVAILABLE, "too many requests being read; retry")
             return None
         try:
+            if self.expect_100:
+                self.send_response_only(HTTPStatus.CONTINUE)
+                self.end_headers()
+                self.wfile.flush()
             body: bytes = self.rfile.read(length)
         finally:
             self.server.body_slots.release()
@@ -329,6 +450,7 @@ class _Handler(BaseHTTPRequestHandler):
         body = self._read_body(length)
         if body is None:
             return
+        self.conn.enter("response")
         name, review = reviewer
         try:
             out = admission.answer(name, body, review)
@@ -348,12 +470,13 @@ class WebhookServer:
         reviewers: Mapping[str, tuple[str, admission.Reviewer]],
         readiness: Mapping[str, Callable[[], bool]] | None = None,
         view: viewapi.ViewApi | None = None,
+        limits: Limits | None = None,
     ) -> None:
         self.cert = cert
         self.view = view
         self.reviewers = dict(reviewers)
         self.readiness = dict(readiness or {})
-        self._server = _Server(addr, self)
+        self._server = _Server(addr, self, limits or Limits())
         self._thread: threading.Thread | None = None
 
     @property

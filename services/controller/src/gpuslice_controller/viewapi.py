@@ -4,12 +4,18 @@
 ``GET /view/gpus/<uuid|node/index|node/device>``   one device (``describe gpu``)
 ``GET /view/claims[?namespace=<ns>]``   claims on our devices or asking our classes (``claims``)
 ``GET /view/why/<namespace>/<pod>``     why a pod has no GPU (``why pod/<name>``)
+``GET /view/metrics``                   the per-claim Prometheus series (``ClaimCollector``)
 
 Every request is authorized first (``auth``: 401, 403), so nothing about the cluster is said to
 a caller without the permission, not even whether the view has synced; then the view answers
 503 until it has synced (a half-listed cluster would show GPUs as free that are not), 404 for
 an unknown path, GPU or pod (the message names what exists), 200 with JSON otherwise. Each
 answer is derived under the feeder's lock, one read per request.
+
+``/view/metrics`` is the exception to the 503: a scrape target that fails while the view lists
+would look like a controller that is down, so it answers 200 and gives no claim series until
+the view has synced (as ``/metrics`` gives no GPU series until then). The per-claim series are
+the same data as ``/view/claims``, so they are behind the same permission.
 """
 
 from __future__ import annotations
@@ -22,17 +28,21 @@ from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
 from gpuslice_controller.auth import Authorizer
-from gpuslice_controller.viewmetrics import ViewSource
+from gpuslice_controller.viewmetrics import ClaimCollector, ViewSource
 from gpuslice_core.errors import NotFoundError
 from gpuslice_core.logging import get_logger
 from gpuslice_view import report
 from gpuslice_view.model import ClusterView
 from gpuslice_view.reasons import why_pod
-from gpuslice_view.remote import TOKEN_HEADER
+from gpuslice_view.wire import TOKEN_HEADER
 
 log = get_logger(__name__)
 PREFIX = "/view/"
+METRICS = f"{PREFIX}metrics"
 JSON = "application/json"
 
 
@@ -67,15 +77,19 @@ class ViewApi:
     def __init__(self, source: ViewSource, authorizer: Authorizer) -> None:
         self.source = source
         self.authorizer = authorizer
+        self.claims = CollectorRegistry(auto_describe=False)
+        self.claims.register(ClaimCollector(source))
 
     def get(self, target: str, authorization: str | None) -> Answer:
         """Answer ``GET target`` (path and query) for a request with that header."""
         decision = self.authorizer.check(authorization)
         if not decision.allowed:
             return _error(decision.status, decision.message)
+        url = urlsplit(target)
+        if url.path == METRICS:
+            return Answer(HTTPStatus.OK, generate_latest(self.claims), CONTENT_TYPE_LATEST)
         if not self.source.synced.is_set():
             return _error(HTTPStatus.SERVICE_UNAVAILABLE, "the cluster view has not synced yet")
-        url = urlsplit(target)
         parts = [unquote(p) for p in url.path[len(PREFIX) :].split("/") if p]
         query = parse_qs(url.query)
         try:
@@ -114,5 +128,5 @@ class ViewApi:
             return _json(HTTPStatus.OK, read(why))
         raise NotFoundError(
             "no such view; paths: /view/gpus, /view/gpus/<gpu>, /view/claims[?namespace=], "
-            "/view/why/<namespace>/<pod>"
+            "/view/why/<namespace>/<pod>, /view/metrics"
         )

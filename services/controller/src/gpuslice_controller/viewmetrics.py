@@ -1,12 +1,15 @@
 """Prometheus metrics per GPU and per claim, derived from the cluster view at scrape time.
 
-A custom collector: nothing is counted or stored between scrapes. Each scrape takes one
+Custom collectors: nothing is counted or stored between scrapes. Each scrape takes one
 consistent snapshot of the view (under the feeder's lock, as plain tuples), then builds the
 families outside the lock. So the metrics cost no memory beyond the view itself, a GPU or claim
 that disappears disappears from the next scrape (no stale series to forget), and the numbers
 are those ``kubectl gpuslice top gpus -o json`` shows.
 
-Families (labels in braces):
+Two collectors, for two doors (docs/controller.md, "Metrics per GPU and per claim"):
+
+``ViewCollector`` (the open ``/metrics`` port): what the cluster's GPUs are and how full they
+are, nothing that names a tenant:
 
 - ``gpuslice_gpu_cores_allocated_percent{node,device,uuid,model,type}``: percent of the GPU's
   cores (SMs) allocated to claims; whole GPUs only (a MIG device has no cores capacity);
@@ -16,22 +19,26 @@ Families (labels in braces):
 - ``gpuslice_gpu_cordoned``: 1 while a cordon (``kubectl gpuslice cordon``) is on it;
 - ``gpuslice_gpu_tainted``: 1 while another NoSchedule/NoExecute taint is on it (the plugin's
   health taints, other DeviceTaintRules);
-- ``gpuslice_claim_cores_percent{namespace,claim,node,device}``,
-  ``gpuslice_claim_memory_bytes``: what an allocated claim holds of one device (a claim with two
-  requests on one device: their sum; a whole device: all of it);
 - ``gpuslice_gpu_memory_used_bytes``, ``gpuslice_gpu_sm_used_percent``: same labels, what the
   node's enforcer measures on the device (the sum over its shares), only while that figure is
   current (``gpuslice_view.live``: no series for a node whose enforcer is unknown, stale or
   unreachable, never a 0 that is not measured);
-- ``gpuslice_claim_memory_used_bytes``, ``gpuslice_claim_sm_used_percent``: claim labels, what
-  the enforcer measures of the claim's share on the device, likewise only while current;
 - ``gpuslice_view_usage_up{node,state}``: per node with an enforcer, 1 when its latest scrape is
   current, 0 otherwise, ``state`` ``ok``, ``stale`` or ``unreachable``;
 - ``gpuslice_view_events_total{kind}``: changes the view applied, by kind;
 - ``gpuslice_view_synced``: 1 once every kind's first list is in.
 
-Until the view has synced only the last two are given: a half-listed cluster would show GPUs
-as free that are not.
+``ClaimCollector`` (``GET /view/metrics`` on the HTTPS server, for callers the view's
+authorization admits): the series labelled with a claim's namespace and name:
+
+- ``gpuslice_claim_cores_percent{namespace,claim,node,device}``,
+  ``gpuslice_claim_memory_bytes``: what an allocated claim holds of one device (a claim with two
+  requests on one device: their sum; a whole device: all of it);
+- ``gpuslice_claim_memory_used_bytes``, ``gpuslice_claim_sm_used_percent``: claim labels, what
+  the enforcer measures of the claim's share on the device, likewise only while current.
+
+Until the view has synced only the view's two series are given (a half-listed cluster would
+show GPUs as free that are not) and no claim series.
 """
 
 from __future__ import annotations
@@ -139,7 +146,7 @@ def snapshot(view: ClusterView, now: float | None = None) -> Snapshot:
 
 
 class ViewCollector(Collector):
-    """Register with ``prometheus_client.REGISTRY.register(ViewCollector(feeder))``."""
+    """The open series: ``REGISTRY.register(ViewCollector(feeder))``."""
 
     def __init__(self, source: ViewSource) -> None:
         self.source = source
@@ -161,13 +168,30 @@ class ViewCollector(Collector):
             value=1 if synced else 0,
         )
         if synced:
-            yield from families(self.source.read(snapshot))
+            yield from gpu_families(self.source.read(snapshot))
 
 
-def families(snap: Snapshot) -> Iterator[Metric]:
-    def gauge(name: str, doc: str, labels: tuple[str, ...]) -> GaugeMetricFamily:
-        return GaugeMetricFamily(name, doc, labels=list(labels))
+class ClaimCollector(Collector):
+    """The series that name claims (tenant data): served only behind the view's authorization
+    (``viewapi``, ``GET /view/metrics``), never on the open metrics port."""
 
+    def __init__(self, source: ViewSource) -> None:
+        self.source = source
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        if self.source.synced.is_set():
+            yield from claim_families(self.source.read(snapshot))
+
+
+def gauge(name: str, doc: str, labels: tuple[str, ...]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=list(labels))
+
+
+def gpu_families(snap: Snapshot) -> Iterator[Metric]:
+    """The per-GPU and per-node families: no claim, namespace or pod in any label."""
     cores = gauge(
         "gpuslice_gpu_cores_allocated_percent",
         "Percent of a whole GPU's cores (SMs) allocated to claims.",
@@ -213,6 +237,18 @@ def families(snap: Snapshot) -> Iterator[Metric]:
         allocations.add_metric(labels, g.allocations)
         cordoned.add_metric(labels, 1 if g.cordoned else 0)
         tainted.add_metric(labels, 1 if g.tainted else 0)
+    up = gauge(
+        "gpuslice_view_usage_up",
+        "1 while the node's enforcer metrics are current, 0 when stale or unreachable.",
+        ("node", "state"),
+    )
+    for node, state in sorted(snap.nodes_live.items()):
+        up.add_metric([node, state], 1 if state == "ok" else 0)
+    yield from (cores, memory, total, allocations, cordoned, tainted, memory_used, sm_used, up)
+
+
+def claim_families(snap: Snapshot) -> Iterator[Metric]:
+    """The per-claim families, labelled with the claim's namespace and name."""
     claim_cores = gauge(
         "gpuslice_claim_cores_percent",
         "Percent of a GPU's cores an allocated claim holds on it.",
@@ -240,12 +276,4 @@ def families(snap: Snapshot) -> Iterator[Metric]:
     for key, (m, sm) in sorted(snap.claims_live.items()):
         claim_memory_used.add_metric(list(key), m)
         claim_sm_used.add_metric(list(key), sm)
-    up = gauge(
-        "gpuslice_view_usage_up",
-        "1 while the node's enforcer metrics are current, 0 when stale or unreachable.",
-        ("node", "state"),
-    )
-    for node, state in sorted(snap.nodes_live.items()):
-        up.add_metric([node, state], 1 if state == "ok" else 0)
-    yield from (cores, memory, total, allocations, cordoned, tainted, claim_cores, claim_memory)
-    yield from (memory_used, sm_used, claim_memory_used, claim_sm_used, up)
+    yield from (claim_cores, claim_memory, claim_memory_used, claim_sm_used)

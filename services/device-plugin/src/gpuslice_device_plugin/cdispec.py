@@ -30,13 +30,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gpuslice_api.names import CDI_VENDOR
 from gpuslice_core import cdi
 from gpuslice_core.logging import get_logger
 from gpuslice_nvml import Nvml
 
 log = get_logger(__name__)
 
-CDI_VENDOR = "k8s.gpu.gpuslice.dev"
 CDI_CLASS = "device-plugin-gpu"
 SPEC_KEY = "node"
 TOOLKIT_KIND = "nvidia.com/gpu"

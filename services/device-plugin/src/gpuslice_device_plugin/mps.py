@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuslice_api.enforcer import cdi_edits, level_name, mechanism_name
+from gpuslice_api.names import CDI_VENDOR
 from gpuslice_core import cdi
 from gpuslice_core.errors import FailedPreconditionError, GpusliceError
 from gpuslice_core.grpcclient import UnixClient
@@ -38,7 +39,6 @@ from gpuslice_protos.kubelet.deviceplugin.v1beta1 import api_pb2 as dp
 
 log = get_logger(__name__)
 
-CDI_VENDOR = "k8s.gpu.gpuslice.dev"
 CDI_CLASS = "device-plugin"
 SHARE_PREFIX = "dp-"
 SHARE_NAMESPACE = "gpuslice-device-plugin"

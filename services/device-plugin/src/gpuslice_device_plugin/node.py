@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpuslice_api.names import DRIVER
 from gpuslice_api.nodemode import MODE_DEVICE_PLUGIN, MODE_LABEL
 from gpuslice_core.logging import get_logger
 from gpuslice_device_plugin.devices import Resource
@@ -42,7 +43,7 @@ from gpuslice_kube.raw import Obj, RawApi, resource_path
 
 log = get_logger(__name__)
 
-DRA_DRIVER = "gpu.gpuslice.dev"
+DRA_DRIVER = DRIVER
 SHARING_LABEL_PREFIX = "sharing.gpuslice.dev/"
 SHARING_ANNOTATION = "gpuslice.dev/device-plugin-sharing"
 COMPONENT = "gpuslice-device-plugin"

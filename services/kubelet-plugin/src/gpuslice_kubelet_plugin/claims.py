@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from gpuslice_api import gpuconfig as cfg
 from gpuslice_core.errors import GpusliceError, InvalidArgumentError
+from gpuslice_draplugin import ClaimRef
 from gpuslice_kube.raw import Obj
 
 SOURCE_ORDER = {"FromClass": 0, "FromClaim": 1}
@@ -24,16 +25,6 @@ class ClaimError(GpusliceError):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
-
-
-@dataclass(frozen=True)
-class ClaimRef:
-    namespace: str
-    name: str
-    uid: str
-
-    def __str__(self) -> str:
-        return f"{self.namespace}/{self.name}"
 
 
 @dataclass(frozen=True)

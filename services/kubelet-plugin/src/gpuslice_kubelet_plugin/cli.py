@@ -20,13 +20,13 @@ from gpuslice_core.cli import EnvArgumentParser, positive_seconds
 from gpuslice_core.errors import GpusliceError
 from gpuslice_core.grpcserver import wait_for_signal
 from gpuslice_core.metrics import parse_addr
+from gpuslice_draplugin import probe
 from gpuslice_kube.client import new_api_client
 from gpuslice_kube.raw import RawApi
 from gpuslice_kubelet_plugin import __version__
 from gpuslice_kubelet_plugin.discovery import DRIVER
 from gpuslice_kubelet_plugin.driver import Driver, Settings
 from gpuslice_kubelet_plugin.nodemode import NodeRefusedError
-from gpuslice_kubelet_plugin.server import probe
 from gpuslice_nvml import add_nvml_arguments, nvml_from_args
 from gpuslice_nvml.health import add_health_arguments
 

@@ -22,12 +22,13 @@ Device model (DESIGN.md section 2):
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpuslice_api.quantity import MIB, format_bytes
 from gpuslice_core.logging import get_logger
+from gpuslice_draplugin import Pool
 from gpuslice_kubelet_plugin.enforcer import GpuEnforcement
 from gpuslice_nvml import GpuInfo, GpuInstanceProfile, MigDevice, Nvml, NvmlGpuLost, SystemInfo
 
@@ -87,8 +88,8 @@ class Device:
     consumes_counters: tuple[dict[str, Any], ...] = ()
     mig: MigSpec | None = None
 
-    def api(self) -> dict[str, Any]:
-        """The device as resource.k8s.io/v1 writes it (taints are added by the publisher)."""
+    def api(self, taints: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+        """The device as resource.k8s.io/v1 writes it, with its health taints."""
         out: dict[str, Any] = {"name": self.name, "attributes": self.attributes}
         if self.capacity:
             out["capacity"] = self.capacity
@@ -96,6 +97,8 @@ class Device:
             out["allowMultipleAllocations"] = True
         if self.consumes_counters:
             out["consumesCounters"] = list(self.consumes_counters)
+        if taints:
+            out["taints"] = list(taints)
         return out
 
 
@@ -127,6 +130,13 @@ class Inventory:
 
     def on_gpu(self, index: int) -> list[Device]:
         return [d for d in self.devices if d.gpu_index == index]
+
+    def pool(self, taints: Callable[[Device], Sequence[dict[str, Any]]] = lambda _d: ()) -> Pool:
+        """What the node's pool publishes: every device with its taints, the counter sets."""
+        return Pool(
+            devices=[d.api(taints(d)) for d in self.devices],
+            shared_counters=[c.api() for c in self.counter_sets],
+        )
 
 
 def _gpu_attributes(gpu: GpuInfo, system: SystemInfo) -> Attributes:

@@ -1,15 +1,22 @@
-"""The plugin assembled: discovery, state, slices, health, garbage collection and the sockets.
+"""The plugin assembled: discovery, state, health, garbage collection, and the helper
+(``gpuslice_draplugin``) that serves the kubelet and publishes the slices.
 
-Start order: detect the API → take the instance lock → load the checkpoint (a previous boot's
-file is set aside) → discover the GPUs → recover what a crash left → serve the kubelet → publish
-the slices → watch health → collect garbage. Stop order is the reverse of what matters: the
-sockets first (in-flight calls finish), then the background loops. Slices are left in place:
-the kubelet deletes them 30 s after the driver is gone, and a restarted plugin takes them over.
+``Driver(settings, nvml, raw)`` builds every part or raises — nothing is half-built after the
+constructor: detect the API (the helper) → check the node's mode → take the instance lock →
+load the checkpoint (a previous boot's file is set aside) → discover the GPUs. ``start()``
+recovers what a crash left, then serves the kubelet and publishes the slices (the helper),
+watches health and collects garbage. Stop order is the reverse of what matters: the sockets
+first (in-flight calls finish), then the background loops. Slices are left in place: the
+kubelet deletes them 30 s after the driver is gone, and a restarted plugin takes them over.
+
+The driver's side of the DRA calls is ``prepare``/``unprepare`` (the device state), its health
+source the health monitor; everything else kubelet-facing is the helper's.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from wsgiref.simple_server import WSGIServer
@@ -18,28 +25,19 @@ from gpuslice_core.cdi import ClaimSpecs
 from gpuslice_core.errors import GpusliceError
 from gpuslice_core.logging import get_logger
 from gpuslice_core.metrics import serve
-from gpuslice_kube.raw import Obj, RawApi
+from gpuslice_draplugin import ClaimRef, Helper, Sockets
+from gpuslice_kube.raw import RawApi
 from gpuslice_kubelet_plugin.cdispecs import CdiWriter
 from gpuslice_kubelet_plugin.checkpoint import Committer, InstanceLock, open_store
-from gpuslice_kubelet_plugin.claimcache import ClaimCache
-from gpuslice_kubelet_plugin.claims import ClaimRef
+from gpuslice_kubelet_plugin.claims import ClaimError
 from gpuslice_kubelet_plugin.discovery import DRIVER, Inventory, discover
 from gpuslice_kubelet_plugin.enforcer import Enforcer, GpuEnforcement, GrpcEnforcer, NoEnforcer
 from gpuslice_kubelet_plugin.gc import ClaimCollector
 from gpuslice_kubelet_plugin.health import HealthMonitor
-from gpuslice_kubelet_plugin.kubeapi import ResourceApi, detect
 from gpuslice_kubelet_plugin.metrics import PluginMetrics
 from gpuslice_kubelet_plugin.migclient import GrpcMigManager, MigManager, NoMigManager
-from gpuslice_kubelet_plugin.nodemode import check_node_mode, read_node
-from gpuslice_kubelet_plugin.server import PluginServer, Sockets
-from gpuslice_kubelet_plugin.servicer import HealthStreamServicer
-from gpuslice_kubelet_plugin.slices import (
-    PoolContent,
-    SlicePublisher,
-    device_with_taints,
-    node_owner,
-)
-from gpuslice_kubelet_plugin.state import DeviceState
+from gpuslice_kubelet_plugin.nodemode import check_node_mode
+from gpuslice_kubelet_plugin.state import DeviceState, Outcome
 from gpuslice_nvml import Nvml
 from gpuslice_nvml.health import APP_XIDS
 
@@ -89,7 +87,7 @@ class Settings:
 
 class Driver:
     def __init__(self, settings: Settings, nvml: Nvml, raw: RawApi) -> None:
-        self.settings = settings
+        s = self.settings = settings
         self.nvml = nvml
         self.raw = raw
         self.metrics = PluginMetrics()
@@ -97,27 +95,94 @@ class Driver:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._metrics_server: WSGIServer | None = None
-        self.enforcer: Enforcer = (
-            GrpcEnforcer(settings.enforcer_socket) if settings.enforcer_socket else NoEnforcer()
-        )
-        self.mig: MigManager = (
-            GrpcMigManager(settings.mig_manager_socket)
-            if settings.mig_manager_socket
-            else NoMigManager()
-        )
         self._levels: dict[str, GpuEnforcement] = {}
         self._levels_pending = False
-
-    # ---- pieces ----------------------------------------------------------------------------
-    def read_claim(self, ref: ClaimRef) -> Obj:
-        return self.api.get_claim(ref.namespace, ref.name)
-
-    def _content(self) -> PoolContent:
-        inventory = self.inventory
-        return PoolContent(
-            devices=tuple(device_with_taints(d, self.health.taints(d)) for d in inventory.devices),
-            counter_sets=inventory.counter_sets,
+        self._publish_lock = threading.Lock()
+        self.enforcer: Enforcer = (
+            GrpcEnforcer(s.enforcer_socket) if s.enforcer_socket else NoEnforcer()
         )
+        self.mig: MigManager = (
+            GrpcMigManager(s.mig_manager_socket) if s.mig_manager_socket else NoMigManager()
+        )
+        self.health = HealthMonitor(
+            nvml,
+            lambda: self.inventory,
+            self._publish,
+            self.metrics,
+            ignored_xids=s.ignored_xids,
+            quiet_period=s.xid_quiet_period,
+            check_interval=s.health_check_interval,
+            recovery=s.health_recovery,
+        )
+        # Detects the resource.k8s.io version; serves and publishes nothing before start().
+        self.helper = Helper(
+            self,
+            driver=DRIVER,
+            node=s.node_name,
+            raw=raw,
+            sockets=s.sockets,
+            health=self.health if s.health_streaming else None,
+            claim_cache=s.claim_cache,
+            metrics=self.metrics.helper,
+            workers=s.workers,
+        )
+        if s.mode_check:
+            check_node_mode(raw, s.node_name)
+        s.state_dir.mkdir(parents=True, exist_ok=True)
+        self.instance = InstanceLock(s.state_dir)
+        try:
+            store = open_store(s.state_dir, boot_id=s.boot_id)
+            loaded = store.load()
+            if loaded.stale_path is not None:
+                log.warning(
+                    "the node rebooted: prepared claims of the previous boot were discarded",
+                    kept_at=str(loaded.stale_path),
+                )
+            self.rescan()
+        except BaseException:
+            self.instance.release()
+            raise
+        if s.dynamic_mig and not s.mig_manager_socket:
+            log.warning("--dynamic-mig without --mig-manager-socket: MIG claims will fail")
+        claims = self.helper.claims
+        self.state = DeviceState(
+            driver=DRIVER,
+            pool=s.node_name,
+            committer=Committer(store),
+            instance=self.instance,
+            inventory=lambda: self.inventory,
+            read_claim=claims.read,
+            cached_claim=claims.get,
+            unprepared=claims.unprepared,
+            cdi=CdiWriter(
+                ClaimSpecs(s.cdi_root), dev_root=s.driver_root, nvidia_cdi_kind=s.nvidia_cdi_kind
+            ),
+            enforcer=self.enforcer,
+            mig=self.mig,
+            metrics=self.metrics,
+            dynamic_mig=s.dynamic_mig,
+            workers=s.workers,
+            orphan_grace=s.orphan_grace,
+        )
+        self.collector = ClaimCollector(
+            self.state, claims.read, self.metrics, interval=s.gc_interval
+        )
+
+    # ---- the DRA calls (gpuslice_draplugin.Plugin) --------------------------------------------
+    def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, Outcome]:
+        return self.state.prepare(list(claims))
+
+    def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, ClaimError | None]:
+        return self.state.unprepare(list(claims))
+
+    # ---- devices ---------------------------------------------------------------------------
+    def _publish(self) -> None:
+        """Hand the pool as it is now (devices, health taints, counter sets) to the helper.
+        Rescans and health changes call it from their threads: under the lock, the last pool
+        handed over is the one computed last."""
+        with self._publish_lock:
+            pool = self.inventory.pool(self.health.taints)
+            self.helper.publish({self.settings.node_name: pool})
 
     def _enforcement_levels(self) -> dict[str, GpuEnforcement]:
         if not self.enforcer.present:
@@ -151,8 +216,7 @@ class Driver:
             return False
         self.inventory = fresh
         log.info("inventory", devices=len(fresh.devices), counter_sets=len(fresh.counter_sets))
-        if hasattr(self, "publisher"):
-            self.publisher.trigger()
+        self._publish()
         return True
 
     def _next_rescan(self) -> float:
@@ -167,87 +231,15 @@ class Driver:
             except Exception:
                 log.exception("device rescan failed")
 
-    def _slice_owner(self) -> Obj | None:
-        """The Node as the owner of the pool's slices, read afresh (docs/kubelet-plugin.md)."""
-        node = read_node(self.raw, self.settings.node_name)
-        return node_owner(node) if node is not None else None
-
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
         s = self.settings
-        self.api = ResourceApi(self.raw, detect(self.raw))
-        if s.mode_check:
-            check_node_mode(self.raw, s.node_name)
-        s.state_dir.mkdir(parents=True, exist_ok=True)
-        self.instance = InstanceLock(s.state_dir)
-        store = open_store(s.state_dir, boot_id=s.boot_id)
-        loaded = store.load()
-        if loaded.stale_path is not None:
-            log.warning(
-                "the node rebooted: prepared claims of the previous boot were discarded",
-                kept_at=str(loaded.stale_path),
-            )
-        self.rescan()
-        self.claims = ClaimCache(self.api, driver=DRIVER, pool=s.node_name)
-        if s.claim_cache:
-            self.claims.start()
-        if s.dynamic_mig and not s.mig_manager_socket:
-            log.warning("--dynamic-mig without --mig-manager-socket: MIG claims will fail")
-        self.state = DeviceState(
-            driver=DRIVER,
-            pool=s.node_name,
-            committer=Committer(store),
-            instance=self.instance,
-            inventory=lambda: self.inventory,
-            read_claim=self.read_claim,
-            cached_claim=self.claims.get,
-            unprepared=self.claims.unprepared,
-            cdi=CdiWriter(
-                ClaimSpecs(s.cdi_root), dev_root=s.driver_root, nvidia_cdi_kind=s.nvidia_cdi_kind
-            ),
-            enforcer=self.enforcer,
-            mig=self.mig,
-            metrics=self.metrics,
-            dynamic_mig=s.dynamic_mig,
-            workers=s.workers,
-            orphan_grace=s.orphan_grace,
-        )
         self.state.recover()
-        self.health = HealthMonitor(
-            self.nvml,
-            lambda: self.inventory,
-            self._health_changed,
-            self.metrics,
-            ignored_xids=s.ignored_xids,
-            quiet_period=s.xid_quiet_period,
-            check_interval=s.health_check_interval,
-            recovery=s.health_recovery,
-        )
-        stream = HealthStreamServicer(self.health, s.node_name) if s.health_streaming else None
-        self.server = PluginServer(
-            driver=DRIVER,
-            sockets=s.sockets,
-            claims=self.state,
-            metrics=self.metrics,
-            health=stream,
-            workers=s.workers,
-        )
-        self.publisher = SlicePublisher(
-            self.api,
-            node=s.node_name,
-            driver=DRIVER,
-            content=self._content,
-            metrics=self.metrics,
-            owner=self._slice_owner,
-        )
-        self.collector = ClaimCollector(
-            self.state, self.read_claim, self.metrics, interval=s.gc_interval
-        )
         if s.metrics_addr:
             self._metrics_server = serve(s.metrics_addr, self.metrics.registry)
             log.info("metrics served", addr=s.metrics_addr, port=self._metrics_server.server_port)
-        self.server.start()
-        self.publisher.start()
+        self._publish()  # an empty pool is published too: the driver is up
+        self.helper.start()  # the claim cache, the DRA and registration sockets, the slices
         self.health.start()
         self.collector.start()
         rescan = threading.Thread(target=self._rescan_loop, name="rescan", daemon=True)
@@ -256,29 +248,27 @@ class Driver:
         log.info(
             "kubelet plugin started",
             node=s.node_name,
-            api=self.api.server.group_version,
+            api=self.helper.api.server.group_version,
             devices=len(self.inventory.devices),
             enforcer=self.enforcer.present,
             dynamic_mig=s.dynamic_mig,
             instance=self.instance.id,
-            claim_cache=self.claims.enabled,
+            claim_cache=self.helper.claims.enabled,
         )
-
-    def _health_changed(self) -> None:
-        if hasattr(self, "publisher"):
-            self.publisher.trigger()
 
     @property
     def metrics_port(self) -> int | None:
         return self._metrics_server.server_port if self._metrics_server else None
 
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
     def stop(self) -> None:
         self._stop.set()
-        self.server.stop(grace=self.settings.shutdown_grace)
+        self.helper.stop(grace=self.settings.shutdown_grace)
         self.collector.stop()
         self.health.stop()
-        self.publisher.stop()
-        self.claims.stop()
         self.state.close()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()

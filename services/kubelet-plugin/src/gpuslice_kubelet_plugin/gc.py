@@ -15,9 +15,9 @@ from collections.abc import Callable
 
 from gpuslice_core.errors import GpusliceError
 from gpuslice_core.logging import get_logger
+from gpuslice_draplugin import ClaimRef
 from gpuslice_kube.errors import KubeNotFoundError
 from gpuslice_kube.raw import Obj
-from gpuslice_kubelet_plugin.claims import ClaimRef
 from gpuslice_kubelet_plugin.metrics import PluginMetrics
 from gpuslice_kubelet_plugin.state import DeviceState
 

@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpuslice_core.logging import get_logger
+from gpuslice_draplugin import DeviceHealth
 from gpuslice_kubelet_plugin.discovery import DRIVER, Device, Inventory, dns_label
 from gpuslice_kubelet_plugin.metrics import PluginMetrics
 from gpuslice_nvml import HealthEvent, HealthEventKind, Nvml, NvmlError
@@ -65,14 +66,6 @@ class Problem:
     def describe(self) -> str:
         what = {KEY_XID: f"XID {self.value}", KEY_LOST: "GPU lost", KEY_ECC: "ECC double-bit"}
         return f"{what.get(self.key, self.key)} ({self.effect})"
-
-
-@dataclass(frozen=True)
-class DeviceHealth:
-    device: str
-    healthy: bool
-    message: str
-    updated: float
 
 
 class HealthMonitor:

@@ -4,14 +4,16 @@
 - ``prepare_total`` / ``prepare_duration_seconds`` {result}: claims prepared (per claim, not
   per call); result ``success`` or the failure reason. ``unprepare_*`` likewise.
 - ``claim_errors_total`` {op, reason}: per-claim failures (NotAllocated, BadConfig, ...).
-- ``rpc_total`` / ``rpc_duration_seconds`` {result}: DRA calls as a whole.
 - ``prepared_claims``; ``prepared_devices`` {type: gpu, mig}; ``prepared_shares``
   {enforcement: exclusive, mig, hard, soft, none}: what is prepared now.
-- ``publish_total`` / ``publish_duration_seconds`` {result}: pool publications that wrote;
-  ``published_devices``, ``published_slices``: what the pool holds.
 - ``health_events_total`` {kind}; ``tainted_devices`` {effect}.
 - ``recovered_total`` {action}: recovery after a crash (rolled_back, unprepared, orphan_spec,
   orphan_share, orphan_mig, spec_rewritten); ``gc_unprepared_total``.
+
+The helper's metrics go into the same registry under the same prefix (``helper``,
+``gpuslice_draplugin.HelperMetrics``): ``rpc_total`` / ``rpc_duration_seconds`` {result} (DRA
+calls as a whole), ``publish_total`` / ``publish_duration_seconds`` {result} (pool publications
+that wrote), ``published_devices`` and ``published_slices`` (what the pool holds).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gpuslice_core.metrics import OperationMetrics
+from gpuslice_draplugin import HelperMetrics
 
 COMPONENT = "kubelet_plugin"
 PREFIX = f"gpuslice_{COMPONENT}"
@@ -34,8 +37,7 @@ class PluginMetrics:
         r = self.registry
         self.prepare = OperationMetrics(COMPONENT, "prepare", "Claims prepared", r)
         self.unprepare = OperationMetrics(COMPONENT, "unprepare", "Claims unprepared", r)
-        self.rpc = OperationMetrics(COMPONENT, "rpc", "DRA calls served", r)
-        self.publish = OperationMetrics(COMPONENT, "publish", "ResourceSlice publications", r)
+        self.helper = HelperMetrics(COMPONENT, r)
         self.claim_errors = Counter(
             f"{PREFIX}_claim_errors_total",
             "Per-claim failures of prepare and unprepare, by reason.",
@@ -53,12 +55,6 @@ class PluginMetrics:
             "Prepared claims, by what their limits rest on.",
             ["enforcement"],
             registry=r,
-        )
-        self.published_devices = Gauge(
-            f"{PREFIX}_published_devices", "Devices in the node's pool.", registry=r
-        )
-        self.published_slices = Gauge(
-            f"{PREFIX}_published_slices", "ResourceSlices of the node's pool.", registry=r
         )
         self.health_events = Counter(
             f"{PREFIX}_health_events_total", "NVML health events, by kind.", ["kind"], registry=r

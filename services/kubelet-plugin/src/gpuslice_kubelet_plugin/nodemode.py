@@ -13,9 +13,9 @@ from __future__ import annotations
 from gpuslice_api.nodemode import kubelet_plugin_refusal
 from gpuslice_core.errors import FailedPreconditionError
 from gpuslice_core.logging import get_logger
-from gpuslice_kube.errors import KubeForbiddenError, KubeNotFoundError
+from gpuslice_draplugin.kubeapi import read_node
 from gpuslice_kube.events import node_event
-from gpuslice_kube.raw import Obj, RawApi, resource_path
+from gpuslice_kube.raw import RawApi
 
 log = get_logger(__name__)
 
@@ -25,15 +25,6 @@ COMPONENT = "gpuslice-kubelet-plugin"
 
 class NodeRefusedError(FailedPreconditionError):
     """This node's GPUs are served by the device plugin."""
-
-
-def read_node(raw: RawApi, node_name: str) -> Obj | None:
-    """The Node, or None when it does not exist or the plugin may not read it."""
-    try:
-        return raw.get(resource_path("v1", "nodes", name=node_name))
-    except (KubeNotFoundError, KubeForbiddenError) as exc:
-        log.info("cannot read the Node", node=node_name, error=str(exc))
-        return None
 
 
 def check_node_mode(raw: RawApi, node_name: str) -> None:

@@ -23,7 +23,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import TypeVar
 
 import structlog
@@ -32,6 +31,7 @@ from gpuslice_core.errors import GpusliceError
 from gpuslice_core.journal import Txn
 from gpuslice_core.logging import get_logger
 from gpuslice_core.untrusted import MAX_DEPTH
+from gpuslice_draplugin import ClaimRef, PreparedDevice
 from gpuslice_kube.errors import KubeNotFoundError, UndecodableObjectError
 from gpuslice_kube.raw import Obj
 from gpuslice_kubelet_plugin.cdispecs import CdiWriter
@@ -41,7 +41,7 @@ from gpuslice_kubelet_plugin.checkpoint import (
     InstanceLock,
     PluginState,
 )
-from gpuslice_kubelet_plugin.claims import ClaimError, ClaimRef, claim_error, parse_claim
+from gpuslice_kubelet_plugin.claims import ClaimError, claim_error, parse_claim
 from gpuslice_kubelet_plugin.discovery import Inventory
 from gpuslice_kubelet_plugin.enforcer import Enforcer, ShareGrant
 from gpuslice_kubelet_plugin.metrics import PluginMetrics
@@ -50,17 +50,6 @@ from gpuslice_kubelet_plugin.plan import Plan, check_overlap, make_plan
 
 log = get_logger(__name__)
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class PreparedDevice:
-    """One device of a NodePrepareResources answer."""
-
-    request_names: tuple[str, ...]
-    pool: str
-    device: str
-    cdi_device_ids: tuple[str, ...]
-    share_id: str | None
 
 
 Outcome = list[PreparedDevice] | ClaimError

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
+from gpuslice_api.names import MIG_CONFIG_LABEL, MIG_STATE_LABEL
 from gpuslice_core.errors import GpusliceError
 from gpuslice_core.logging import get_logger
 from gpuslice_kube.events import node_event
@@ -28,8 +29,8 @@ NORMAL, WARNING = "Normal", "Warning"
 
 log = get_logger(__name__)
 
-LABEL_CONFIG = "gpuslice.dev/mig.config"
-LABEL_STATE = "gpuslice.dev/mig.config.state"
+LABEL_CONFIG = MIG_CONFIG_LABEL
+LABEL_STATE = MIG_STATE_LABEL
 COMPONENT = "gpuslice-mig-manager"
 REPORTING_COMPONENT = "gpu.gpuslice.dev/mig-manager"
 

@@ -60,7 +60,7 @@ class Running:
 
     def stop(self) -> None:
         self.client.close()
-        if not self.driver._stop.is_set():
+        if not self.driver.stopped:
             self.driver.stop()
 
 

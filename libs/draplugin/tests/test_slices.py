@@ -1,4 +1,4 @@
-"""How the pool is split into ResourceSlices (pure logic; publishing against the real API
+"""How a pool is split into ResourceSlices (pure logic; publishing against the real API
 server is tested in e2e/tests/test_kubelet_plugin_slices.py)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from gpuslice_kubelet_plugin.discovery import CounterSet
-from gpuslice_kubelet_plugin.slices import PoolContent, build_specs
+from gpuslice_draplugin import Pool
+from gpuslice_draplugin.slices import build_specs
 
 pytestmark = pytest.mark.timeout(30)
 Obj = dict[str, Any]
@@ -19,11 +19,11 @@ def plain(n: int, start: int = 0) -> list[Obj]:
 
 
 def test_slices_hold_128_devices_or_64_with_taints_or_counters() -> None:
-    specs = build_specs(PoolContent(tuple(plain(300))), counters_in_own_slices=True)
+    specs = build_specs(Pool(plain(300)), counters_in_own_slices=True)
     assert [len(s["devices"]) for s in specs] == [128, 128, 44]
     tainted = plain(130)
     tainted[100]["taints"] = [{"key": "k", "effect": "NoSchedule"}]
-    specs = build_specs(PoolContent(tuple(tainted)), counters_in_own_slices=True)
+    specs = build_specs(Pool(tainted), counters_in_own_slices=True)
     assert all(
         len(s["devices"]) <= 64 or not any("taints" in d for d in s["devices"]) for s in specs
     )
@@ -31,10 +31,11 @@ def test_slices_hold_128_devices_or_64_with_taints_or_counters() -> None:
     assert [d["name"] for s in specs for d in s["devices"]] == [d["name"] for d in tainted]
 
 
-def _counter_pool(gpus: int) -> PoolContent:
+def _counter_pool(gpus: int) -> Pool:
     devices, sets = [], []
     for g in range(gpus):
-        sets.append(CounterSet(f"gpu-{g}-counter-set", g, {"memory-slice-0": 1}))
+        counters = {"memory-slice-0": {"value": "1"}}
+        sets.append({"name": f"gpu-{g}-counter-set", "counters": counters})
         for p in range(25):
             devices.append(
                 {
@@ -42,7 +43,7 @@ def _counter_pool(gpus: int) -> PoolContent:
                     "consumesCounters": [{"counterSet": f"gpu-{g}-counter-set", "counters": {}}],
                 }
             )
-    return PoolContent(tuple(devices), tuple(sets))
+    return Pool(devices, sets)
 
 
 def test_counters_get_their_own_slices_on_1_35_and_later() -> None:
@@ -65,4 +66,4 @@ def test_on_1_34_each_counter_set_shares_a_slice_with_its_devices() -> None:
 
 
 def test_an_empty_pool_still_publishes_one_slice() -> None:
-    assert build_specs(PoolContent(()), counters_in_own_slices=True) == [{"devices": []}]
+    assert build_specs(Pool(), counters_in_own_slices=True) == [{"devices": []}]

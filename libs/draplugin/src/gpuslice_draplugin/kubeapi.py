@@ -1,5 +1,5 @@
-"""The resource.k8s.io API as this plugin uses it: which version the server offers, claims and
-this node's ResourceSlices, all as raw JSON (docs/decisions.md section 2).
+"""The resource.k8s.io API as a DRA driver uses it: which version the server offers, claims,
+this node's ResourceSlices and its Node, all as raw JSON (docs/decisions.md section 2).
 
 The version is detected, never configured: ``resource.k8s.io/v1`` where the server serves it,
 else ``v1beta2``, else ``v1beta1``. ResourceSlices of v1beta1 wrap a device's fields in
@@ -15,6 +15,7 @@ from typing import Any
 from gpuslice_core.errors import UnsupportedError
 from gpuslice_core.logging import get_logger
 from gpuslice_kube.discovery import RESOURCE_GROUP, RESOURCE_VERSIONS, served_versions
+from gpuslice_kube.errors import KubeForbiddenError, KubeNotFoundError
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 
 log = get_logger(__name__)
@@ -65,6 +66,15 @@ def detect(raw: RawApi) -> ServerInfo:
             served=served,
         )
     return server
+
+
+def read_node(raw: RawApi, node_name: str) -> Obj | None:
+    """The Node, or None when it does not exist or this process may not read it."""
+    try:
+        return raw.get(resource_path("v1", "nodes", name=node_name))
+    except (KubeNotFoundError, KubeForbiddenError) as exc:
+        log.info("cannot read the Node", node=node_name, error=str(exc))
+        return None
 
 
 def to_version(device: dict[str, Any], version: str) -> dict[str, Any]:

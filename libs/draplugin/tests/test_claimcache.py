@@ -8,15 +8,13 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient
 
+from gpuslice_draplugin import ClaimCache, ClaimRef, ResourceApi, ServerInfo
 from gpuslice_kube.raw import RawApi
-from gpuslice_kubelet_plugin.claimcache import ClaimCache
-from gpuslice_kubelet_plugin.claims import ClaimRef
-from gpuslice_kubelet_plugin.discovery import DRIVER
-from gpuslice_kubelet_plugin.kubeapi import ResourceApi, ServerInfo
 
 pytestmark = pytest.mark.timeout(30)
 Obj = dict[str, Any]
 POOL = "node-a"
+DRIVER = "gpu.example.com"
 
 
 def claim(name: str, uid: str, *, pool: str | None = POOL, driver: str = DRIVER) -> Obj:

@@ -3,7 +3,8 @@
 - ``RegistrationServicer`` (``pluginregistration.Registration``) on the registration socket;
 - ``DraV1Servicer`` and ``DraV1beta1Servicer`` (``v1.DRAPlugin`` / ``v1beta1.DRAPlugin``) on the
   DRA socket: every claim of a call gets its own entry in the answer, with an error string when
-  it failed, so one bad claim never fails the call (a gRPC error would discard every claim);
+  it failed, so one bad claim never fails the call (a gRPC error would discard every claim) —
+  not even a plugin that raises or leaves a claim out of its answer;
 - ``HealthStreamServicer`` (``v1alpha1.DRAResourceHealth``): the health of every device at once,
   then again after every change (and every 10 s without one, so the kubelet's 30 s health
   timeout never reads a quiet device as Unknown), until the kubelet goes away.
@@ -13,16 +14,14 @@ from __future__ import annotations
 
 import queue
 import time
-from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import grpc
 
 from gpuslice_core.logging import get_logger
-from gpuslice_kubelet_plugin.claims import ClaimError, ClaimRef
-from gpuslice_kubelet_plugin.health import DeviceHealth
-from gpuslice_kubelet_plugin.metrics import PluginMetrics
-from gpuslice_kubelet_plugin.state import Outcome
+from gpuslice_draplugin.metrics import HelperMetrics
+from gpuslice_draplugin.plugin import ClaimRef, DeviceHealth, HealthSource, Plugin
 from gpuslice_protos.kubelet.dra.v1 import api_pb2 as v1
 from gpuslice_protos.kubelet.dra.v1 import api_pb2_grpc as v1_grpc
 from gpuslice_protos.kubelet.dra.v1beta1 import api_pb2 as v1beta1
@@ -39,14 +38,6 @@ V1BETA1 = "v1beta1.DRAPlugin"
 HEALTH = "v1alpha1.DRAResourceHealth"
 
 
-class Claims(Protocol):
-    """The domain side of the DRA calls (``state.DeviceState``)."""
-
-    def prepare(self, refs: list[ClaimRef]) -> dict[str, Outcome]: ...
-
-    def unprepare(self, refs: list[ClaimRef]) -> dict[str, ClaimError | None]: ...
-
-
 class RegistrationServicer(reg_grpc.RegistrationServicer):
     def __init__(
         self,
@@ -55,17 +46,19 @@ class RegistrationServicer(reg_grpc.RegistrationServicer):
         endpoint: str,
         versions: list[str],
         on_status: Callable[[bool, str], None],
+        plugin_type: str = "DRAPlugin",
     ) -> None:
         self.driver = driver
         self.endpoint = endpoint
         self.versions = versions
         self.on_status = on_status
+        self.plugin_type = plugin_type
 
     def GetInfo(  # noqa: N802
         self, request: reg.InfoRequest, context: grpc.ServicerContext
     ) -> reg.PluginInfo:
         return reg.PluginInfo(
-            type="DRAPlugin",
+            type=self.plugin_type,
             name=self.driver,
             endpoint=self.endpoint,
             supported_versions=self.versions,
@@ -82,11 +75,28 @@ def _refs(claims: Any) -> list[ClaimRef]:
     return [ClaimRef(namespace=c.namespace, name=c.name, uid=c.uid) for c in claims]
 
 
+def _answers(
+    call: Callable[[list[ClaimRef]], Mapping[str, Any]], op: str, refs: list[ClaimRef]
+) -> Mapping[str, Any]:
+    """The plugin's answers, or its failure as every claim's answer: the call never fails."""
+    if not refs:
+        return {}
+    try:
+        return call(refs)
+    except Exception as exc:
+        log.exception("the driver raised; every claim of the call gets its error", op=op)
+        return dict.fromkeys((r.uid for r in refs), exc)
+
+
+def _missing(op: str, ref: ClaimRef) -> Exception:
+    return RuntimeError(f"the driver's {op} gave no answer for ResourceClaim {ref}")
+
+
 class _Dra:
     """Both API versions have the same messages; ``pb`` is the version's module."""
 
-    def __init__(self, claims: Claims, metrics: PluginMetrics, pb: Any, share_ids: bool) -> None:
-        self.claims = claims
+    def __init__(self, plugin: Plugin, metrics: HelperMetrics, pb: Any, share_ids: bool) -> None:
+        self.plugin = plugin
         self.metrics = metrics
         self.pb = pb
         self.share_ids = share_ids
@@ -94,13 +104,13 @@ class _Dra:
     def prepare(self, request: Any) -> Any:
         with self.metrics.rpc.time():
             refs = _refs(request.claims)
-            outcomes = self.claims.prepare(refs) if refs else {}
+            outcomes = _answers(self.plugin.prepare, "prepare", refs)
             response = self.pb.NodePrepareResourcesResponse()
             for ref in refs:
                 entry = response.claims[ref.uid]
-                outcome = outcomes[ref.uid]
-                if isinstance(outcome, ClaimError):
-                    entry.error = str(outcome)
+                outcome = outcomes[ref.uid] if ref.uid in outcomes else _missing("prepare", ref)
+                if isinstance(outcome, Exception):
+                    entry.error = str(outcome) or type(outcome).__name__
                     continue
                 for d in outcome:
                     device = self.pb.Device(
@@ -117,17 +127,19 @@ class _Dra:
     def unprepare(self, request: Any) -> Any:
         with self.metrics.rpc.time():
             refs = _refs(request.claims)
-            outcomes = self.claims.unprepare(refs) if refs else {}
+            outcomes = _answers(self.plugin.unprepare, "unprepare", refs)
             response = self.pb.NodeUnprepareResourcesResponse()
             for ref in refs:
-                error = outcomes[ref.uid]
-                response.claims[ref.uid].error = str(error) if error else ""
+                error = outcomes[ref.uid] if ref.uid in outcomes else _missing("unprepare", ref)
+                response.claims[ref.uid].error = (
+                    (str(error) or type(error).__name__) if error else ""
+                )
             return response
 
 
 class DraV1Servicer(v1_grpc.DRAPluginServicer):
-    def __init__(self, claims: Claims, metrics: PluginMetrics) -> None:
-        self._dra = _Dra(claims, metrics, v1, share_ids=True)
+    def __init__(self, plugin: Plugin, metrics: HelperMetrics) -> None:
+        self._dra = _Dra(plugin, metrics, v1, share_ids=True)
 
     def NodePrepareResources(  # noqa: N802
         self, request: v1.NodePrepareResourcesRequest, context: grpc.ServicerContext
@@ -143,8 +155,8 @@ class DraV1Servicer(v1_grpc.DRAPluginServicer):
 
 
 class DraV1beta1Servicer(v1beta1_grpc.DRAPluginServicer):
-    def __init__(self, claims: Claims, metrics: PluginMetrics) -> None:
-        self._dra = _Dra(claims, metrics, v1beta1, share_ids=False)
+    def __init__(self, plugin: Plugin, metrics: HelperMetrics) -> None:
+        self._dra = _Dra(plugin, metrics, v1beta1, share_ids=False)
 
     def NodePrepareResources(  # noqa: N802
         self, request: v1beta1.NodePrepareResourcesRequest, context: grpc.ServicerContext
@@ -157,12 +169,6 @@ class DraV1beta1Servicer(v1beta1_grpc.DRAPluginServicer):
     ) -> v1beta1.NodeUnprepareResourcesResponse:
         response: v1beta1.NodeUnprepareResourcesResponse = self._dra.unprepare(request)
         return response
-
-
-class HealthSource(Protocol):
-    def subscribe(self) -> queue.Queue[list[DeviceHealth]]: ...
-
-    def unsubscribe(self, q: queue.Queue[list[DeviceHealth]]) -> None: ...
 
 
 class HealthStreamServicer(hpb_grpc.DRAResourceHealthServicer):
@@ -181,7 +187,9 @@ class HealthStreamServicer(hpb_grpc.DRAResourceHealthServicer):
         return hpb.NodeWatchResourcesResponse(
             devices=[
                 hpb.DeviceHealth(
-                    device=hpb.DeviceIdentifier(pool_name=self.pool, device_name=h.device),
+                    device=hpb.DeviceIdentifier(
+                        pool_name=h.pool or self.pool, device_name=h.device
+                    ),
                     health=hpb.HEALTHY if h.healthy else hpb.UNHEALTHY,
                     last_updated_time=int(h.updated),
                     message=h.message,

@@ -9,8 +9,9 @@ import pytest
 
 from gpuslice_core.errors import FailedPreconditionError
 from gpuslice_kube.errors import KubeNotFoundError
+from gpuslice_kubectl import cli
 from gpuslice_testkit.view import gpu, resource_slice
-from gpuslice_view import cli, cordon
+from gpuslice_view import cordon
 from gpuslice_view.model import ClusterView
 from gpuslice_view.source import taint_rule_version
 

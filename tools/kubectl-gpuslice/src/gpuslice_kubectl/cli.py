@@ -32,7 +32,8 @@ from gpuslice_core import logging as gslog
 from gpuslice_core.errors import GpusliceError, NotFoundError
 from gpuslice_kube.client import new_api_client
 from gpuslice_kube.raw import RawApi
-from gpuslice_view import __version__, cordon, remote, report, source
+from gpuslice_kubectl import remote
+from gpuslice_view import __version__, cordon, report, source
 from gpuslice_view.reasons import Reason, why_claim
 
 

@@ -1,13 +1,15 @@
-"""The plugin's two unix sockets, its registration with the kubelet, its probe and its stop.
+"""A driver's two unix sockets, its registration with the kubelet, its probe and its stop.
 
-- DRA socket ``<plugins-dir>/gpu.gpuslice.dev/dra.sock`` (``dra-<podUID>.sock`` with
-  ``--pod-uid``): ``v1.DRAPlugin``, ``v1beta1.DRAPlugin``, ``v1alpha1.DRAResourceHealth`` when
-  health streaming is on, and the standard ``grpc.health.v1.Health``. It starts first: the
-  kubelet dials it as soon as it has read the registration.
-- Registration socket ``<registrar-dir>/gpu.gpuslice.dev-reg.sock``
-  (``gpu.gpuslice.dev-<podUID>-reg.sock``): ``pluginregistration.Registration``. The kubelet
-  retries a registration only when the socket is created again, so a failed registration
-  (``NotifyRegistrationStatus(false)``) makes the plugin re-create its socket after a backoff.
+- DRA socket ``<plugins-dir>/<driver>/dra.sock`` (``dra-<podUID>.sock`` with a pod UID, for
+  rolling updates): ``v1.DRAPlugin``, ``v1beta1.DRAPlugin`` (each can be switched off),
+  ``v1alpha1.DRAResourceHealth`` with a health source, and the standard
+  ``grpc.health.v1.Health``. It starts first: the kubelet dials it as soon as it has read the
+  registration.
+- Registration socket ``<registrar-dir>/<driver>-reg.sock`` (``<driver>-<podUID>-reg.sock``):
+  ``pluginregistration.Registration`` (can be switched off). The kubelet retries a registration
+  only when the socket is created again, so a failed registration
+  (``NotifyRegistrationStatus(false)``) makes the helper re-create its socket after a backoff
+  (1 s doubling to 60 s).
 - ``stop()``: the registration socket goes first (no new kubelet connections), then the DRA
   server stops accepting calls, lets in-flight ones finish within the grace period and removes
   its socket.
@@ -18,6 +20,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,8 +28,9 @@ import grpc
 
 from gpuslice_core.grpcserver import UnixGrpcServer, check_health
 from gpuslice_core.logging import get_logger
-from gpuslice_kubelet_plugin import servicer as svc
-from gpuslice_kubelet_plugin.metrics import PluginMetrics
+from gpuslice_draplugin import servicer as svc
+from gpuslice_draplugin.metrics import HelperMetrics
+from gpuslice_draplugin.plugin import Plugin
 from gpuslice_protos.kubelet.dra.v1 import api_pb2 as v1
 from gpuslice_protos.kubelet.dra.v1 import api_pb2_grpc as v1_grpc
 from gpuslice_protos.kubelet.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
@@ -57,16 +61,24 @@ class Sockets:
         )
 
 
-class PluginServer:
+class KubeletServer:
+    """The DRA socket and the registration socket, with the registration's retry."""
+
     def __init__(
         self,
         *,
         driver: str,
         sockets: Sockets,
-        claims: svc.Claims,
-        metrics: PluginMetrics,
+        plugin: Plugin,
+        metrics: HelperMetrics,
         health: svc.HealthStreamServicer | None = None,
+        node_v1: bool = True,
+        node_v1beta1: bool = True,
+        registration: bool = True,
+        versions: Sequence[str] | None = None,
+        plugin_type: str = "DRAPlugin",
         workers: int = 16,
+        interceptors: Sequence[grpc.ServerInterceptor] = (),
         retry_initial: float = 1.0,
         retry_max: float = 60.0,
     ) -> None:
@@ -79,44 +91,61 @@ class PluginServer:
         self.last_error = ""
         self._stopped = threading.Event()
         self._reg_lock = threading.Lock()
-        versions = [svc.V1, svc.V1BETA1] + ([svc.HEALTH] if health else [])
-        self.versions = versions
-        self.dra = UnixGrpcServer([sockets.dra], name="dra", max_workers=workers)
-        self.dra.add(
-            v1_grpc.add_DRAPluginServicer_to_server, svc.DraV1Servicer(claims, metrics), svc.V1
+        self._interceptors = tuple(interceptors)
+        served = [svc.V1] if node_v1 else []
+        served += [svc.V1BETA1] if node_v1beta1 else []
+        served += [svc.HEALTH] if health else []
+        self.versions = list(served if versions is None else versions)
+        self.dra = UnixGrpcServer(
+            [sockets.dra], name="dra", max_workers=workers, interceptors=self._interceptors
         )
-        self.dra.add(
-            v1beta1_grpc.add_DRAPluginServicer_to_server,
-            svc.DraV1beta1Servicer(claims, metrics),
-            svc.V1BETA1,
-        )
+        if node_v1:
+            self.dra.add(
+                v1_grpc.add_DRAPluginServicer_to_server, svc.DraV1Servicer(plugin, metrics), svc.V1
+            )
+        if node_v1beta1:
+            self.dra.add(
+                v1beta1_grpc.add_DRAPluginServicer_to_server,
+                svc.DraV1beta1Servicer(plugin, metrics),
+                svc.V1BETA1,
+            )
         if health is not None:
             self.dra.add(hpb_grpc.add_DRAResourceHealthServicer_to_server, health, svc.HEALTH)
+        self.registration = registration
         self._registration = svc.RegistrationServicer(
             driver=driver,
             endpoint=str(sockets.dra),
-            versions=versions,
+            versions=self.versions,
             on_status=self._on_status,
+            plugin_type=plugin_type,
         )
         self.reg: UnixGrpcServer | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
         self.dra.start()
-        self._start_registration()
+        if self.registration:
+            self.start_registration()
         log.info(
             "serving the kubelet",
             driver=self.driver,
-            registration=str(self.sockets.registration),
+            registration=str(self.sockets.registration) if self.registration else None,
             dra=str(self.sockets.dra),
             versions=self.versions,
         )
 
-    def _start_registration(self) -> None:
+    def start_registration(self) -> None:
+        """Open the registration socket (a new one: the kubelet's plugin watcher registers
+        the plugin again)."""
         with self._reg_lock:
-            if self._stopped.is_set():
+            if self._stopped.is_set() or self.reg is not None:
                 return
-            server = UnixGrpcServer([self.sockets.registration], name="registration", max_workers=2)
+            server = UnixGrpcServer(
+                [self.sockets.registration],
+                name="registration",
+                max_workers=2,
+                interceptors=self._interceptors,
+            )
             server.add(
                 reg_grpc.add_RegistrationServicer_to_server,
                 self._registration,
@@ -124,6 +153,15 @@ class PluginServer:
             )
             server.start()
             self.reg = server
+
+    def stop_registration(self) -> None:
+        """Remove the registration socket (the kubelet deregisters the plugin); the DRA
+        socket stays."""
+        with self._reg_lock:
+            old, self.reg = self.reg, None
+        self.registered.clear()
+        if old is not None:
+            old.stop(grace=1.0)
 
     def _on_status(self, registered: bool, error: str) -> None:
         if registered:
@@ -147,18 +185,12 @@ class PluginServer:
 
     def _reregister(self) -> None:
         """A new socket (new inode) is what makes the kubelet's plugin watcher try again."""
-        with self._reg_lock:
-            old, self.reg = self.reg, None
-        if old is not None:
-            old.stop(grace=1.0)
-        self._start_registration()
+        self.stop_registration()
+        self.start_registration()
 
     def stop(self, grace: float = 10.0) -> None:
         self._stopped.set()
-        with self._reg_lock:
-            reg_server, self.reg = self.reg, None
-        if reg_server is not None:
-            reg_server.stop(grace=1.0)
+        self.stop_registration()
         self.dra.stop(grace=grace)
         log.info("stopped serving the kubelet", driver=self.driver)
 

@@ -10,14 +10,15 @@ import pytest
 
 from gpuslice_core.errors import FailedPreconditionError, NotFoundError
 from gpuslice_kube.errors import KubeForbiddenError
-from gpuslice_view import remote
-from gpuslice_view.remote import (
+from gpuslice_kubectl import remote
+from gpuslice_kubectl.remote import (
     Chooser,
     ControllerSource,
     Location,
     NotInstalledError,
     UnavailableError,
 )
+from gpuslice_view.wire import TOKEN_HEADER
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -176,7 +177,7 @@ def test_the_proxy_request_carries_the_token_in_the_header_the_proxy_passes_on()
     assert ctl.gpu_rows() == [{"node": "n"}]
     [(url, headers)] = client.sent
     assert url == "https://api:6443/api/v1/namespaces/ops/services/https:ctl:443/proxy/view/gpus"
-    assert headers[remote.TOKEN_HEADER] == "Bearer tok"
+    assert headers[TOKEN_HEADER] == "Bearer tok"
     ctl.gpu_row("node-a/0")
     ctl.claim_rows("ml")
     assert [u.rsplit("/proxy", 1)[1] for u, _ in client.sent[1:]] == [

@@ -34,8 +34,8 @@ from gpuslice_core.errors import FailedPreconditionError, GpusliceError, NotFoun
 from gpuslice_kube.errors import KubeForbiddenError
 from gpuslice_kube.raw import RawApi
 from gpuslice_view.report import Row
+from gpuslice_view.wire import TOKEN_HEADER
 
-TOKEN_HEADER = "X-Gpuslice-Authorization"  # noqa: S105 - a header name
 """The header that carries the user's bearer token through the API server's service proxy."""
 SERVICE_SELECTOR = "app.kubernetes.io/part-of=gpuslice,app.kubernetes.io/component=controller"
 """The chart's controller Service."""

@@ -9,11 +9,13 @@ The API stays the authority:
   the reflector keeps only its name, UID and resourceVersion (``metadata_only``), so a node
   does not hold the whole cluster's claims;
 - ``get(ref)`` answers only for the UID the kubelet names; anything else (not cached yet,
-  another UID, not allocated here) is ``None`` and prepare reads the claim from the API;
-- prepare treats a cached claim it cannot use (any ``ClaimError``) as a miss and reads the API;
-- after this plugin unprepared a claim, its UID is not answered from the cache until the
-  cache has seen the claim leave this pool (deallocated or deleted): an allocation it holds
-  from before could be the previous one;
+  another UID, not allocated here) is ``None`` and prepare reads the claim from the API
+  (``read(ref)``);
+- a driver treats a cached claim it cannot use as a miss and reads the API (the kubelet
+  plugin does so on any ``ClaimError``);
+- after the driver unprepared a claim (``unprepared(ref)``), its UID is not answered from the
+  cache until the cache has seen the claim leave this pool (deallocated or deleted): an
+  allocation it holds from before could be the previous one;
 - without list/watch permission on ResourceClaims (the chart's RBAC must grant it), the cache
   is off after one log line and every prepare reads the API, as before.
 
@@ -29,11 +31,11 @@ import threading
 
 from gpuslice_core.errors import GpusliceError
 from gpuslice_core.logging import get_logger
+from gpuslice_draplugin.kubeapi import ResourceApi
+from gpuslice_draplugin.plugin import ClaimRef
 from gpuslice_kube.errors import KubeForbiddenError
 from gpuslice_kube.raw import Obj, resource_path
 from gpuslice_kube.reflector import Reflector, metadata_only, object_key
-from gpuslice_kubelet_plugin.claims import ClaimRef
-from gpuslice_kubelet_plugin.kubeapi import ResourceApi
 
 log = get_logger(__name__)
 
@@ -100,6 +102,10 @@ class ClaimCache:
             self._claims.pop(key, None)
             self._unprepared.discard(uid)  # it left the pool: what comes next is newer
 
+    def read(self, ref: ClaimRef) -> Obj:
+        """The claim as the API has it now (``KubeNotFoundError`` when it does not exist)."""
+        return self.api.get_claim(ref.namespace, ref.name)
+
     def get(self, ref: ClaimRef) -> Obj | None:
         """The cached claim ``ref`` names (same UID, allocated here), or None: read the API."""
         if self.reflector is None or not self.reflector.synced.is_set():
@@ -113,7 +119,7 @@ class ClaimCache:
         return claim
 
     def unprepared(self, ref: ClaimRef) -> None:
-        """This plugin unprepared ``ref``: do not answer its UID until it left the pool."""
+        """The driver unprepared ``ref``: do not answer its UID until it left the pool."""
         if self.reflector is None:
             return
         with self._lock:

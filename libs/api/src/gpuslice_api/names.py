@@ -1,0 +1,31 @@
+"""Every name gpuslice shares between components, defined once.
+
+The DRA driver, its DeviceClasses and opaque config, the CDI vendor, and the labels and
+annotations more than one component reads or writes. A component that needs one imports it from
+here; a flag that lets an operator change one (the controller's ``--driver-name``) defaults to
+it. Names only one module uses stay in that module.
+"""
+
+from __future__ import annotations
+
+from gpuslice_core import cdi
+
+#: The DRA driver: ResourceSlices' ``spec.driver``, the device attribute domain, the claim
+#: config's driver, the kubelet plugin's registration name.
+DRIVER = "gpu.gpuslice.dev"
+#: DeviceClasses the chart installs: whole GPUs and shares of them; MIG devices.
+GPU_CLASS = "gpu.gpuslice.dev"
+MIG_CLASS = "mig.gpuslice.dev"
+#: The opaque claim configuration's apiVersion (``GpuConfig``).
+CONFIG_API_VERSION = f"{DRIVER}/v1alpha1"
+
+#: The CDI vendor of every spec gpuslice writes (``k8s.gpu.gpuslice.dev/<class>=<device>``),
+#: defined with the CDI writer (gpuslice_core sits below this library).
+CDI_VENDOR = cdi.DEFAULT_VENDOR
+
+#: Node label choosing how a node's GPUs are served: DRA (absent or ``dra``) or the device
+#: plugin (``device-plugin``); the chart's node DaemonSets select on it.
+MODE_LABEL = "gpuslice.dev/mode"
+#: Node labels of the MIG manager: the layout asked for, and how applying it went.
+MIG_CONFIG_LABEL = "gpuslice.dev/mig.config"
+MIG_STATE_LABEL = "gpuslice.dev/mig.config.state"
