@@ -84,8 +84,9 @@ def workloads() -> Iterator[list[Workload]]:
 def enforcer(node: Path, workdir: Path) -> Iterator[Callable[..., EnforcerProcess]]:
     started: list[EnforcerProcess] = []
 
-    def start(*args: str) -> EnforcerProcess:
-        proc = EnforcerProcess(node, workdir, list(args)).start()
+    def start(*args: str, hook: str = "python") -> EnforcerProcess:
+        """``hook``: the hook kind the share's edits name (test_enforcer.py tests both)."""
+        proc = EnforcerProcess(node, workdir, list(args), hook=hook).start()
         started.append(proc)
         return proc
 
@@ -219,9 +220,10 @@ def test_a_bypassing_process_over_the_memory_limit_is_killed(
     enforcer: Callable[..., EnforcerProcess],
     cgroups: Cgroups,
     workloads: list[Workload],
+    hook_kind: str,
 ) -> None:
     fake = FakeNvml.from_config_file(node)
-    proc = enforcer("--compute-mode=leave", "--sm-action=report")  # kept alive for SM
+    proc = enforcer("--compute-mode=leave", "--sm-action=report", hook=hook_kind)  # SM: kept
     with proc.channel() as channel:
         stub = proc.stub(channel)
         reply = stub.CreateShare(

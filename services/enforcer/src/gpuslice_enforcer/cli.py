@@ -47,7 +47,7 @@ def build_parser() -> EnvArgumentParser:
     p.add_flag(
         "--hook-path",
         env="ENFORCER_HOOK_PATH",
-        default="/usr/local/bin/gpuslice-enforcer-hook",
+        default="/var/lib/gpuslice/hook/bin/gpuslice-enforcer-hook",
         help="Host path of gpuslice-enforcer-hook, put into container edits; empty disables hooks.",
     )
     p.add_flag(
