@@ -98,6 +98,7 @@ def test_named_configs_and_the_enforcer_sidecar(
         "template",
         "x",
         str(CHART),
+        *("-n", "gpuslice"),
         *set_json("devicePlugin.configs", CONFIGS),
         *sets("devicePlugin.config=version: v1"),
         check=False,
