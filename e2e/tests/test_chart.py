@@ -1213,6 +1213,10 @@ def test_installed_rbac_allows_exactly_the_calls_of_the_services(
         resource_path(RESOURCE, "resourceslices"),
         field_selector=f"spec.nodeName=chart-node-a,spec.driver={DRIVER}",
     )
+    # the coexistence check at start: every driver's slices of its node
+    as_node.list(
+        resource_path(RESOURCE, "resourceslices"), field_selector="spec.nodeName=chart-node-a"
+    )
     as_node.list(resource_path("v1", "nodes"), field_selector="metadata.name=chart-node-a")
     as_node.list(
         resource_path("v1", "configmaps", namespace=namespace),

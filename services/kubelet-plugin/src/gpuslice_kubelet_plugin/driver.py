@@ -30,6 +30,7 @@ from gpuslice_kube.raw import RawApi
 from gpuslice_kubelet_plugin.cdispecs import CdiWriter
 from gpuslice_kubelet_plugin.checkpoint import Committer, InstanceLock, open_store
 from gpuslice_kubelet_plugin.claims import ClaimError
+from gpuslice_kubelet_plugin.coexist import check_coexistence
 from gpuslice_kubelet_plugin.discovery import DRIVER, Inventory, discover
 from gpuslice_kubelet_plugin.enforcer import Enforcer, GpuEnforcement, GrpcEnforcer, NoEnforcer
 from gpuslice_kubelet_plugin.gc import ClaimCollector
@@ -128,6 +129,7 @@ class Driver:
         )
         if s.mode_check:
             check_node_mode(raw, s.node_name)
+            check_coexistence(raw, s.node_name, nvml, self.helper.api.server.group_version)
         s.state_dir.mkdir(parents=True, exist_ok=True)
         self.instance = InstanceLock(s.state_dir)
         try:
