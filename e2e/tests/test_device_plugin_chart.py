@@ -118,7 +118,7 @@ def test_the_device_plugin_may_make_exactly_its_calls(
         "-n",
         namespace,
         f"--kubeconfig={sandbox.kubeconfig}",
-        # no controller: its fail-closed webhooks would refuse other suites' GPU claims here
+        # no controller: its webhooks would be called for other suites' GPU claims and pods here
         *sets("deviceClasses.enabled=false", "controller.enabled=false"),
     )
     try:
