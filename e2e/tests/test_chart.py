@@ -481,8 +481,19 @@ def test_controller_rbac_is_exactly_its_calls(helm_bin: Path) -> None:
     assert {r for r in rule_set(one(cert_manager, "Role", name)) if r[1] == "secrets"} == {
         ("", "secrets", v, secret) for v in ("list", "watch")
     }
+    # with cert-manager it only watches them: readiness waits for the injected bundle
+    watch_only = {r for r in CONTROLLER_WEBHOOK_RULES if r[2] in ("list", "watch")}
     assert rule_set(one(cert_manager, "ClusterRole", name)) == (
-        CONTROLLER_CLUSTER_RULES | CONTROLLER_VIEW_RULES
+        CONTROLLER_CLUSTER_RULES | CONTROLLER_VIEW_RULES | watch_only
+    )
+    # it keeps (and waits for) only the configurations the chart creates
+    env = env_of(one(cert_manager, "Deployment", name)["spec"]["template"]["spec"]["containers"][0])
+    assert (env["VALIDATING_WEBHOOKS"], env["MUTATING_WEBHOOKS"]) == (name, name)
+    no_pods = render(helm_bin, *sets("controller.webhook.pods.enabled=false"))
+    [container] = one(no_pods, "Deployment", name)["spec"]["template"]["spec"]["containers"]
+    assert (env_of(container)["VALIDATING_WEBHOOKS"], env_of(container)["MUTATING_WEBHOOKS"]) == (
+        name,
+        "",
     )
 
 

@@ -3,11 +3,12 @@
 Start: API client → resource.k8s.io version → caches (our ResourceSlices, the claim templates
 this controller made, the TLS Secret) → the cluster view (``ViewFeeder``, on every replica) →
 HTTPS server → leader election (the leader manages the certificates) → metrics. The server
-answers /readyz only once a certificate is loaded and the admission caches have synced, so no
-review is answered from an empty cache; it does not wait for the view, so admission never
-depends on it (the view's own endpoints answer 503 until it has synced). Stop (SIGTERM,
-SIGINT): readiness goes first, then the server finishes the reviews in flight, then the caches
-and the view stop.
+answers /readyz only once a certificate is loaded, the admission caches have synced and both
+webhook configurations carry a CA bundle that trusts the served certificate (``bundleready``),
+so no review is answered from an empty cache and none fails with an unknown authority; it does
+not wait for the view, so admission never depends on it (the view's own endpoints answer 503
+until it has synced). Stop (SIGTERM, SIGINT): readiness goes first, then the server finishes the
+reviews in flight, then the caches and the view stop.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from prometheus_client import REGISTRY
 
 from gpuslice_controller import __version__, certs, rotation
 from gpuslice_controller.auth import Authorizer, Reviewer
+from gpuslice_controller.bundleready import BundleReadiness
 from gpuslice_controller.diagnose import Diagnostics
 from gpuslice_controller.inventory import GpuInventory
 from gpuslice_controller.leader import Leadership
@@ -130,6 +132,8 @@ def _run(args: argparse.Namespace) -> int:
         view_api = ViewApi(feeder, Authorizer(reviewer, ttl=args.view_auth_ttl))
     cert = ServingCert(Path(args.cert_dir))
     secret_watch = TlsSecretWatch(raw, args.namespace, args.tls_secret, cert)
+    webhooks = rotation.WebhookConfigs(args.validating_webhooks, args.mutating_webhooks)
+    bundles = BundleReadiness(raw, webhooks, lambda: cert.chain)
     server = WebhookServer(
         metrics.parse_addr(args.webhook_addr),
         cert,
@@ -137,6 +141,7 @@ def _run(args: argparse.Namespace) -> int:
         readiness={
             "the ResourceSlice cache": inventory.synced,
             "the claim template cache": translator.synced,
+            "the CA bundle in the webhook configurations": bundles.ready,
         },
         view=view_api,
     )
@@ -151,7 +156,7 @@ def _run(args: argparse.Namespace) -> int:
             raw,
             namespace=args.namespace,
             secret=args.tls_secret,
-            webhooks=rotation.WebhookConfigs(args.validating_webhooks, args.mutating_webhooks),
+            webhooks=webhooks,
             policy=certs.Policy(tuple(args.cert_hosts), args.ca_validity, args.cert_validity),
         )
     interval = args.cert_check_interval
@@ -188,7 +193,7 @@ def _run(args: argparse.Namespace) -> int:
         cluster_view=feeder is not None,
         live_usage_interval=args.live_usage_interval if poller is not None else 0,
     )
-    for part in (inventory, translator, secret_watch.reflector):
+    for part in (inventory, translator, secret_watch.reflector, bundles):
         part.start()
     diagnostics: Diagnostics | None = None
     if feeder is not None:
@@ -235,7 +240,7 @@ def _run(args: argparse.Namespace) -> int:
         server.stop()
         if feeder is not None:
             feeder.stop()
-        for part in (secret_watch.reflector, translator, inventory):
+        for part in (bundles, secret_watch.reflector, translator, inventory):
             part.stop()
         if http is not None:
             http.shutdown()
