@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -346,3 +347,44 @@ def test_other_gpu_software_is_found_and_each_fix_is_accepted(
     # So does the escape hatch, and rendering without a cluster never looks.
     helm(helm_bin, *install, *sets("guards.coexistence=false"))
     assert render(helm_bin, namespace=namespace)
+
+
+# ---- which nodes the node pods select (NOTES.txt) ---------------------------------------------
+def test_notes_name_the_selected_nodes_or_the_label_to_set(
+    helm_bin: Path, sandbox: ControlPlane, kube: RawApi, namespace: str
+) -> None:
+    """NOTES evaluate node.affinity and node.nodeSelector against the cluster's Nodes (lookup):
+    the nodes selected, or a warning with the exact label command when none is."""
+    mark = f"gpuslice-test/{namespace}"
+    gpu, plain = f"{namespace}-gpu", f"{namespace}-plain"
+    nodes = resource_path("v1", "nodes")
+    for name, labels in (
+        (gpu, {mark: "yes", "nvidia.com/gpu.present": "true"}),
+        (plain, {mark: "yes"}),
+    ):
+        kube.create(
+            nodes,
+            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}},
+        )
+    try:
+        install = ["install", "gs", str(CHART), "-n", namespace]
+        install += [f"--kubeconfig={sandbox.kubeconfig}", "--dry-run=server"]
+        mine = ["--set-string", f"node.nodeSelector.gpuslice-test/{namespace}=yes"]
+        notes = helm(helm_bin, *install, *mine).stdout
+        assert re.search(rf"1 of \d+ nodes are selected: {gpu}\n", notes), notes
+        assert "WARNING" not in notes
+        # the device-plugin mode takes the node out of the default affinity
+        kube.patch(
+            f"{nodes}/{gpu}", {"metadata": {"labels": {"gpuslice.dev/mode": "device-plugin"}}}
+        )
+        notes = " ".join(helm(helm_bin, *install, *mine).stdout.split())
+        assert "WARNING: none of the cluster's" in notes, notes
+        assert "kubectl label node <node> nvidia.com/gpu.present=true" in notes
+        # without a cluster (a client dry run) nothing is looked up: the instruction only
+        offline = helm(helm_bin, *install[:5], "--dry-run=client", *mine).stdout
+        assert "nvidia.com/gpu.present=true" in offline, offline
+        assert "nodes are selected" not in offline and "WARNING" not in offline
+    finally:
+        for name in (gpu, plain):
+            with contextlib.suppress(KubeNotFoundError):
+                kube.delete(f"{nodes}/{name}")
