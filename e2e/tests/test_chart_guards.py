@@ -186,7 +186,9 @@ def test_a_cluster_without_dra_is_told_which_api_is_missing(
 
 
 # ---- other GPU software -----------------------------------------------------------------------
-def _daemonset(name: str, container: str, labels: dict[str, str]) -> Obj:
+def _daemonset(
+    name: str, container: str, labels: dict[str, str], command: list[str] | None = None
+) -> Obj:
     """A DaemonSet shaped like NVIDIA's, on no node (its selector matches none)."""
     return {
         "apiVersion": "apps/v1",
@@ -198,7 +200,13 @@ def _daemonset(name: str, container: str, labels: dict[str, str]) -> Obj:
                 "metadata": {"labels": {"app": name}},
                 "spec": {
                     "nodeSelector": {"gpuslice.dev/no-such-node": "true"},
-                    "containers": [{"name": container, "image": "registry.invalid/x:1"}],
+                    "containers": [
+                        {
+                            "name": container,
+                            "image": "registry.invalid/x:1",
+                            **({"command": command} if command else {}),
+                        }
+                    ],
                 },
             },
         },
@@ -268,6 +276,16 @@ def other_gpu_software(kube: RawApi, namespace: str) -> Iterator[dict[str, Obj]]
             daemonsets,
             _daemonset("nvidia-mig-manager", "nvidia-mig-manager", {"app": "nvidia-mig-manager"}),
         ) as mig_manager,
+        created(  # HAMi's fork: its own names, NVIDIA's binary
+            kube,
+            daemonsets,
+            _daemonset(
+                "hami-device-plugin",
+                "device-plugin",
+                {"app.kubernetes.io/component": "hami-device-plugin"},
+                ["nvidia-device-plugin", "--config-file=/device-config.yaml"],
+            ),
+        ),
         created(
             kube, resource_path("resource.k8s.io/v1", "deviceclasses"), device_class
         ) as dra_driver,
@@ -311,7 +329,8 @@ def test_other_gpu_software_is_found_and_each_fix_is_accepted(
     message = refusal(helm_bin, *install)
     hami = other_gpu_software["hami"]["metadata"]["name"]
     expected = [
-        f"NVIDIA's device plugin runs in this cluster (DaemonSet {namespace}/"
+        "NVIDIA's device plugin (or a fork of it, such as HAMi's) runs in this cluster "
+        f"(DaemonSet {namespace}/hami-device-plugin, DaemonSet {namespace}/"
         "nvidia-device-plugin-daemonset)",
         "--set-string node.nodeSelector.gpuslice\\.dev/mode=dra --set devicePlugin.enabled=false",
         "nvidia.com/gpu.deploy.device-plugin=false",
