@@ -86,7 +86,13 @@ def gi_profiles(h: Any, total_memory: int) -> list[GpuInstanceProfile]:
                 placements=placements,
             )
         )
-    return result
+    return sorted(result, key=profile_order)
+
+
+def profile_order(profile: GpuInstanceProfile) -> tuple[int, int, int]:
+    """Smallest first, as ``nvidia-smi mig -lgip`` lists them and the fake's catalog holds them
+    (the driver answers enum by enum, so the real order is ours to fix)."""
+    return (profile.slice_count, profile.memory_mib, profile.nvml_profile)
 
 
 def _gi_placements(h: Any, profile_id: int) -> tuple[Placement, ...]:
