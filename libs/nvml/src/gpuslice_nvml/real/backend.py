@@ -358,8 +358,12 @@ class RealNvml(Nvml):
 
     # -- processes ------------------------------------------------------------------------
     def running_processes(self, device: DeviceRef) -> list[ProcessInfo]:
+        """The driver's compute list holds MPS clients too (seen on an H100 under MPS); the
+        interface lists them with :meth:`mps_processes` only, so they are taken out here."""
         what = f"nvmlDeviceGetComputeRunningProcesses({device})"
-        return self._processes_of(device, pynvml.nvmlDeviceGetComputeRunningProcesses, what)
+        listed = self._processes_of(device, pynvml.nvmlDeviceGetComputeRunningProcesses, what)
+        clients = {(p.device_uuid, p.pid) for p in self.mps_processes(device)}
+        return [p for p in listed if (p.device_uuid, p.pid) not in clients]
 
     def mps_processes(self, device: DeviceRef) -> list[ProcessInfo]:
         what = f"nvmlDeviceGetMPSComputeRunningProcesses({device})"
