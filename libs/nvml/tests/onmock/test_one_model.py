@@ -14,6 +14,7 @@ import pytest
 
 from gpuslice_nvml import errors as e
 from gpuslice_nvml.interface import Nvml
+from gpuslice_nvml.real import RealNvml
 from gpuslice_nvml.types import GIB, ComputeMode, HealthEvent, HealthEventKind, Placement
 
 from .conftest import OpenNode
@@ -238,3 +239,21 @@ def test_calls_from_many_threads_while_the_layout_changes(open_node: OpenNode) -
             thread.join(10)
     assert not errors, errors[0]
     assert node.fake.gpu_instances(0) == []
+
+
+def test_a_gpu_lost_before_start_fails_only_itself(open_node: OpenNode) -> None:
+    """The services start on a node with a GPU off the bus and skip that GPU (NvmlGpuLost for
+    it alone), as with the fake; the real backend used to fail to start at all."""
+    node = open_node(MIG_NODE)
+    node.control.mark_gpu_lost(1)
+    with RealNvml() as real:
+        assert real.device_count() == node.fake.device_count() == 3
+        for backend in (real, node.fake):
+            with pytest.raises(e.NvmlGpuLost):
+                backend.gpu(1)
+        assert real.memory_info(2) == node.fake.memory_info(2)
+        with real.watch_events() as watch:
+            event = watch.wait(0)
+        assert event is not None and (event.kind, event.gpu_index) == (HealthEventKind.GPU_LOST, 1)
+        node.control.mark_gpu_recovered(1)
+        assert real.gpu(1).uuid == node.fake.gpu(1).uuid

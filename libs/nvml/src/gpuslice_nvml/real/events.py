@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import time
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 import pynvml
@@ -29,9 +30,12 @@ WANTED = XID_CRITICAL | DOUBLE_BIT_ECC | GPU_UNAVAILABLE
 
 
 class RealEventWatch(EventWatch):
-    def __init__(self, handles: dict[int, Any], uuids: dict[int, str]) -> None:
+    def __init__(
+        self, handles: dict[int, Any], uuids: dict[int, str], lost: Sequence[int] = ()
+    ) -> None:
+        """``lost``: GPUs that were lost before the watch (reported as GPU_LOST at once)."""
         self._uuids = uuids
-        self._pending: deque[HealthEvent] = deque()
+        self._pending: deque[HealthEvent] = deque(self._lost(i) for i in lost)
         self._registered: dict[int, Any] = {}
         #: GPUs whose driver cannot deliver these events (too old); they get none.
         self.unsupported: list[int] = []
