@@ -141,11 +141,6 @@ nvmlReturn_t DECLDIR nvmlDeviceGetCount_v2(unsigned int *deviceCount) {
         json_free(state);                                               \
         LEAVE(rc_);                                                     \
     }
-#define DONE(state, rc)       \
-    do {                      \
-        json_free(state);     \
-        LEAVE(rc);            \
-    } while (0)
 
 static nvmlReturn_t live_gpu_handle(unsigned index, nvmlDevice_t *device) {
     nvmlReturn_t rc;

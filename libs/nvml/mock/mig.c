@@ -1,4 +1,5 @@
-/* MIG: modes, profiles, placements, GPU and compute instances, MIG device handles.
+/* MIG: modes, GPU-instance profiles and placements, GPU instances, and the layout helpers
+ * compute.c shares (compute instances and MIG device handles live there).
  *
  * The rules are the fake's (gpuslice_nvml.fake.mig), applied to the same state: NOT_SUPPORTED
  * without MIG mode, INVALID_ARGUMENT for a profile or placement the GPU does not offer,
@@ -12,11 +13,11 @@
 
 static const unsigned SWIZZLE_BASE[9] = {0, 7, 3, 0, 1, 0, 0, 0, 0}; /* by placement size */
 
-static int overlaps(placement a, placement b) {
+int overlaps(placement a, placement b) {
     return a.start < b.start + b.size && b.start < a.start + a.size;
 }
 
-static placement placement_of(const jv *inst) {
+placement placement_of(const jv *inst) {
     return (placement){(unsigned)jint(jget(inst, "start"), 0), (unsigned)jint(jget(inst, "size"), 0)};
 }
 
@@ -31,7 +32,7 @@ static nvmlReturn_t mig_gpu(nvmlDevice_t device, jv *state, int enabled, int *gp
 }
 
 /* A GPU-instance handle whose instance exists. */
-static nvmlReturn_t check_gi(nvmlGpuInstance_t handle, jv *state, jv **gi, const gi_profile **gp) {
+nvmlReturn_t check_gi(nvmlGpuInstance_t handle, jv *state, jv **gi, const gi_profile **gp) {
     const struct nvmlGpuInstance_st *first = &g_gi_handles[0][0];
     if (!handle || handle < first || handle >= first + MAX_GPUS * MAX_GI || handle->gpu >= (int)g_node->n_gpus)
         return NVML_ERROR_INVALID_ARGUMENT;
@@ -42,33 +43,6 @@ static nvmlReturn_t check_gi(nvmlGpuInstance_t handle, jv *state, jv **gi, const
     *gp = profile_by_id(&g_node->gpus[handle->gpu], (unsigned)jint(jget(*gi, "profileId"), 0));
     return *gp ? NVML_SUCCESS : NVML_ERROR_UNKNOWN;
 }
-
-static nvmlReturn_t check_ci(nvmlComputeInstance_t handle, jv *state, jv **gi, jv **ci) {
-    const struct nvmlComputeInstance_st *first = &g_ci_handles[0][0][0];
-    if (!handle || handle < first || handle >= first + MAX_GPUS * MAX_GI * MAX_CI ||
-        handle->gpu >= (int)g_node->n_gpus)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    const gi_profile *gp;
-    nvmlReturn_t rc = check_gi(&g_gi_handles[handle->gpu][handle->gi], state, gi, &gp);
-    if (rc != NVML_SUCCESS) return rc;
-    return (*ci = find_ci(*gi, (unsigned)handle->ci, NULL)) ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
-}
-
-static const ci_profile *ci_profile_by_id(const gi_profile *gp, unsigned id) {
-    for (unsigned i = 0; i < gp->n_ci; i++)
-        if (gp->ci[i].id == id) return &gp->ci[i];
-    return NULL;
-}
-
-#define READ_STATE(state)             \
-    nvmlReturn_t rc;                  \
-    jv *state = state_read(&rc);      \
-    if (!state) LEAVE(rc)
-#define DONE(state, value)  \
-    do {                    \
-        json_free(state);   \
-        LEAVE(value);       \
-    } while (0)
 
 nvmlReturn_t DECLDIR nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode, unsigned int *pendingMode) {
     ENTER();
@@ -157,7 +131,7 @@ nvmlReturn_t DECLDIR nvmlDeviceGetGpuInstanceProfileInfoV(nvmlDevice_t device, u
 }
 
 /* Copy n placements out, NVML style: NULL asks for the count. */
-static nvmlReturn_t put_placements(const placement *list, unsigned n, void *out, unsigned int *count) {
+nvmlReturn_t put_placements(const placement *list, unsigned n, void *out, unsigned int *count) {
     if (!count) return NVML_ERROR_INVALID_ARGUMENT;
     if (!out) {
         *count = n;
@@ -196,7 +170,7 @@ static unsigned compute_slices_used(int gpu, jv *gs) {
 }
 
 /* The profile's placements that overlap no instance in list (GPU or compute instances). */
-static unsigned free_placements(const placement *all, unsigned n, jv *list, placement *out) {
+unsigned free_placements(const placement *all, unsigned n, jv *list, placement *out) {
     unsigned k = 0;
     for (unsigned i = 0; i < n; i++) {
         int taken = 0;
@@ -206,13 +180,13 @@ static unsigned free_placements(const placement *all, unsigned n, jv *list, plac
     return k;
 }
 
-static unsigned count_profile(jv *list, unsigned profile_id) {
+unsigned count_profile(jv *list, unsigned profile_id) {
     unsigned n = 0;
     for (size_t i = 0; i < jlen(list); i++) n += jint(jget(jat(list, i), "profileId"), -1) == profile_id;
     return n;
 }
 
-static void max_disjoint(const placement *c, unsigned n, unsigned from, placement *chosen, unsigned k,
+void max_disjoint(const placement *c, unsigned n, unsigned from, placement *chosen, unsigned k,
                          unsigned limit, unsigned *best) {
     if (k > *best) *best = k;
     if (*best >= limit) return;
@@ -244,7 +218,7 @@ nvmlReturn_t DECLDIR nvmlDeviceGetGpuInstanceRemainingCapacity(nvmlDevice_t devi
     DONE(state, NVML_SUCCESS);
 }
 
-static jv *new_instance(unsigned id, unsigned profile_id, placement pl, int with_cis) {
+jv *new_instance(unsigned id, unsigned profile_id, placement pl, int with_cis) {
     jv *o = jnew_obj();
     jset(o, "id", jnew_int(id));
     jset(o, "profileId", jnew_int(profile_id));
@@ -255,7 +229,7 @@ static jv *new_instance(unsigned id, unsigned profile_id, placement pl, int with
 }
 
 /* Insert keeping the list sorted by id, as the fake does. */
-static int insert_sorted(jv *list, jv *inst) {
+int insert_sorted(jv *list, jv *inst) {
     size_t at = 0;
     long long id = jint(jget(inst, "id"), 0);
     while (at < jlen(list) && jint(jget(jat(list, at), "id"), 0) < id) at++;
@@ -321,7 +295,7 @@ nvmlReturn_t DECLDIR nvmlDeviceCreateGpuInstanceWithPlacement(nvmlDevice_t devic
     LEAVE(create_gi(device, profileId, placement, gpuInstance));
 }
 
-static int busy(jv *state, int gpu, long long gi, long long ci) {
+int busy(jv *state, int gpu, long long gi, long long ci) {
     jv *procs = jget(state, "processes");
     for (size_t i = 0; i < jlen(procs); i++) {
         jv *p = jat(procs, i);
@@ -394,291 +368,4 @@ nvmlReturn_t DECLDIR nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance, nvmlG
     *info = (nvmlGpuInstanceInfo_t){&g_gpu_handles[gpuInstance->gpu], (unsigned)gpuInstance->gi, gp->id,
                                     {pl.start, pl.size}};
     DONE(state, NVML_SUCCESS);
-}
-
-static const ci_profile *ci_profile_by_enum(const gi_profile *gp, unsigned profile) {
-    for (unsigned i = 0; i < gp->n_ci; i++)
-        if (gp->ci[i].nvml_profile == profile) return &gp->ci[i];
-    return NULL;
-}
-
-static nvmlReturn_t ci_profile_lookup(nvmlGpuInstance_t gpuInstance, unsigned profile, unsigned engProfile,
-                                      const gi_profile **gp, const ci_profile **cp, jv **state) {
-    nvmlReturn_t rc;
-    jv *gi;
-    if (!(*state = state_read(&rc))) return rc;
-    if ((rc = check_gi(gpuInstance, *state, &gi, gp)) != NVML_SUCCESS) return rc;
-    if (profile >= NVML_COMPUTE_INSTANCE_PROFILE_COUNT || engProfile != NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    *cp = ci_profile_by_enum(*gp, profile);
-    return *cp ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
-}
-
-nvmlReturn_t DECLDIR nvmlGpuInstanceGetComputeInstanceProfileInfo(nvmlGpuInstance_t gpuInstance, unsigned int profile,
-                                                                  unsigned int engProfile,
-                                                                  nvmlComputeInstanceProfileInfo_t *info) {
-    ENTER();
-    const gi_profile *gp;
-    const ci_profile *cp;
-    jv *state = NULL;
-    nvmlReturn_t rc = ci_profile_lookup(gpuInstance, profile, engProfile, &gp, &cp, &state);
-    if (rc != NVML_SUCCESS) DONE(state, rc);
-    if (!info) DONE(state, NVML_ERROR_INVALID_ARGUMENT);
-    *info = (nvmlComputeInstanceProfileInfo_t){cp->id, cp->slice_count, cp->instance_count, cp->multiprocessors,
-                                               gp->copy_engines, gp->decoders, gp->encoders, gp->jpeg_decoders,
-                                               gp->ofa_engines};
-    DONE(state, NVML_SUCCESS);
-}
-
-nvmlReturn_t DECLDIR nvmlGpuInstanceGetComputeInstanceProfileInfoV(nvmlGpuInstance_t gpuInstance, unsigned int profile,
-                                                                   unsigned int engProfile,
-                                                                   nvmlComputeInstanceProfileInfo_v2_t *info) {
-    ENTER();
-    const gi_profile *gp;
-    const ci_profile *cp;
-    jv *state = NULL;
-    nvmlReturn_t rc = ci_profile_lookup(gpuInstance, profile, engProfile, &gp, &cp, &state);
-    if (rc != NVML_SUCCESS) DONE(state, rc);
-    if (!info) DONE(state, NVML_ERROR_INVALID_ARGUMENT);
-    char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
-    snprintf(name, sizeof name, "MIG %s", cp->name);
-    if (info->version == nvmlComputeInstanceProfileInfo_v3) {
-        nvmlComputeInstanceProfileInfo_v3_t *v3 = (nvmlComputeInstanceProfileInfo_v3_t *)info;
-        *v3 = (nvmlComputeInstanceProfileInfo_v3_t){nvmlComputeInstanceProfileInfo_v3, cp->id, cp->slice_count,
-                                                    cp->instance_count, cp->multiprocessors, gp->copy_engines,
-                                                    gp->decoders, gp->encoders, gp->jpeg_decoders,
-                                                    gp->ofa_engines, {0}, 0};
-        memcpy(v3->name, name, sizeof name);
-        DONE(state, NVML_SUCCESS);
-    }
-    if (info->version != nvmlComputeInstanceProfileInfo_v2) DONE(state, NVML_ERROR_INVALID_ARGUMENT);
-    *info = (nvmlComputeInstanceProfileInfo_v2_t){nvmlComputeInstanceProfileInfo_v2, cp->id, cp->slice_count,
-                                                  cp->instance_count, cp->multiprocessors, gp->copy_engines,
-                                                  gp->decoders, gp->encoders, gp->jpeg_decoders,
-                                                  gp->ofa_engines, {0}};
-    memcpy(info->name, name, sizeof name);
-    DONE(state, NVML_SUCCESS);
-}
-
-nvmlReturn_t DECLDIR nvmlGpuInstanceGetComputeInstancePossiblePlacements(nvmlGpuInstance_t gpuInstance,
-                                                                         unsigned int profileId,
-                                                                         nvmlComputeInstancePlacement_t *placements,
-                                                                         unsigned int *count) {
-    ENTER();
-    READ_STATE(state);
-    jv *gi;
-    const gi_profile *gp;
-    if ((rc = check_gi(gpuInstance, state, &gi, &gp)) != NVML_SUCCESS) DONE(state, rc);
-    const ci_profile *cp = ci_profile_by_id(gp, profileId);
-    if (!cp) DONE(state, NVML_ERROR_INVALID_ARGUMENT);
-    DONE(state, put_placements(cp->placements, cp->n_placements, placements, count));
-}
-
-nvmlReturn_t DECLDIR nvmlGpuInstanceGetComputeInstanceRemainingCapacity(nvmlGpuInstance_t gpuInstance,
-                                                                        unsigned int profileId, unsigned int *count) {
-    ENTER();
-    READ_STATE(state);
-    jv *gi;
-    const gi_profile *gp;
-    if ((rc = check_gi(gpuInstance, state, &gi, &gp)) != NVML_SUCCESS) DONE(state, rc);
-    const ci_profile *cp = ci_profile_by_id(gp, profileId);
-    if (!cp || !count) DONE(state, NVML_ERROR_INVALID_ARGUMENT);
-    jv *cis = jget(gi, "computeInstances");
-    int limit = (int)cp->instance_count - (int)count_profile(cis, profileId);
-    placement free[MAX_PLACEMENTS], chosen[MAX_PLACEMENTS];
-    unsigned n = free_placements(cp->placements, cp->n_placements, cis, free), best = 0;
-    if (limit > 0) max_disjoint(free, n, 0, chosen, 0, (unsigned)limit, &best);
-    *count = best;
-    DONE(state, NVML_SUCCESS);
-}
-
-static nvmlReturn_t create_ci(nvmlGpuInstance_t gpuInstance, unsigned profileId,
-                              const nvmlComputeInstancePlacement_t *want, nvmlComputeInstance_t *out) {
-    int fd;
-    nvmlReturn_t rc;
-    jv *state = state_begin(&fd, &rc), *gi;
-    const gi_profile *gp;
-    if (!state) return rc;
-    if ((rc = check_gi(gpuInstance, state, &gi, &gp)) != NVML_SUCCESS) goto abort;
-    const ci_profile *cp = ci_profile_by_id(gp, profileId);
-    rc = NVML_ERROR_INVALID_ARGUMENT;
-    if (!cp || !out) goto abort;
-    jv *cis = jget(gi, "computeInstances");
-    placement free[MAX_PLACEMENTS], pl;
-    unsigned n = free_placements(cp->placements, cp->n_placements, cis, free);
-    if (want) {
-        int offered = 0, is_free = 0;
-        for (unsigned i = 0; i < cp->n_placements; i++)
-            offered |= cp->placements[i].start == want->start && cp->placements[i].size == want->size;
-        for (unsigned i = 0; i < n; i++) is_free |= free[i].start == want->start;
-        if (!offered) goto abort;
-        rc = NVML_ERROR_INSUFFICIENT_RESOURCES;
-        if (!is_free) goto abort;
-        pl = (placement){want->start, want->size};
-    }
-    rc = NVML_ERROR_INSUFFICIENT_RESOURCES;
-    if (count_profile(cis, profileId) >= cp->instance_count || !n) goto abort;
-    if (!want) {
-        pl = free[0];
-        for (unsigned i = 1; i < n; i++)
-            if (free[i].start > pl.start) pl = free[i];
-    }
-    unsigned id = 0;
-    while (id < MAX_CI && find_ci(gi, id, NULL)) id++;
-    if (id >= MAX_CI || insert_sorted(cis, new_instance(id, profileId, pl, 0))) {
-        rc = NVML_ERROR_UNKNOWN;
-        goto abort;
-    }
-    *out = &g_ci_handles[gpuInstance->gpu][gpuInstance->gi][id];
-    return state_commit(fd, state);
-abort:
-    state_abort(fd, state);
-    return rc;
-}
-
-nvmlReturn_t DECLDIR nvmlGpuInstanceCreateComputeInstance(nvmlGpuInstance_t gpuInstance, unsigned int profileId,
-                                                          nvmlComputeInstance_t *computeInstance) {
-    ENTER();
-    LEAVE(create_ci(gpuInstance, profileId, NULL, computeInstance));
-}
-
-nvmlReturn_t DECLDIR nvmlGpuInstanceCreateComputeInstanceWithPlacement(nvmlGpuInstance_t gpuInstance,
-                                                                       unsigned int profileId,
-                                                                       const nvmlComputeInstancePlacement_t *placement,
-                                                                       nvmlComputeInstance_t *computeInstance) {
-    ENTER();
-    if (!placement) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
-    LEAVE(create_ci(gpuInstance, profileId, placement, computeInstance));
-}
-
-nvmlReturn_t DECLDIR nvmlComputeInstanceDestroy(nvmlComputeInstance_t computeInstance) {
-    ENTER();
-    int fd;
-    nvmlReturn_t rc;
-    jv *state = state_begin(&fd, &rc), *gi, *ci;
-    if (!state) LEAVE(rc);
-    if ((rc = check_ci(computeInstance, state, &gi, &ci)) == NVML_SUCCESS &&
-        busy(state, computeInstance->gpu, computeInstance->gi, computeInstance->ci))
-        rc = NVML_ERROR_IN_USE;
-    if (rc != NVML_SUCCESS) {
-        state_abort(fd, state);
-        LEAVE(rc);
-    }
-    size_t index;
-    find_ci(gi, (unsigned)computeInstance->ci, &index);
-    jremove(jget(gi, "computeInstances"), index);
-    LEAVE(state_commit(fd, state));
-}
-
-nvmlReturn_t DECLDIR nvmlGpuInstanceGetComputeInstances(nvmlGpuInstance_t gpuInstance, unsigned int profileId,
-                                                        nvmlComputeInstance_t *computeInstances, unsigned int *count) {
-    ENTER();
-    READ_STATE(state);
-    jv *gi;
-    const gi_profile *gp;
-    if ((rc = check_gi(gpuInstance, state, &gi, &gp)) != NVML_SUCCESS) DONE(state, rc);
-    if (!ci_profile_by_id(gp, profileId) || !computeInstances || !count) DONE(state, NVML_ERROR_INVALID_ARGUMENT);
-    jv *cis = jget(gi, "computeInstances");
-    unsigned n = 0;
-    for (size_t i = 0; i < jlen(cis); i++)
-        if (jint(jget(jat(cis, i), "profileId"), -1) == profileId)
-            computeInstances[n++] = &g_ci_handles[gpuInstance->gpu][gpuInstance->gi][jint(jget(jat(cis, i), "id"), 0)];
-    *count = n;
-    DONE(state, NVML_SUCCESS);
-}
-
-nvmlReturn_t DECLDIR nvmlGpuInstanceGetComputeInstanceById(nvmlGpuInstance_t gpuInstance, unsigned int id,
-                                                           nvmlComputeInstance_t *computeInstance) {
-    ENTER();
-    READ_STATE(state);
-    jv *gi;
-    const gi_profile *gp;
-    if ((rc = check_gi(gpuInstance, state, &gi, &gp)) != NVML_SUCCESS) DONE(state, rc);
-    if (!computeInstance || id >= MAX_CI) DONE(state, NVML_ERROR_INVALID_ARGUMENT);
-    if (!find_ci(gi, id, NULL)) DONE(state, NVML_ERROR_NOT_FOUND);
-    *computeInstance = &g_ci_handles[gpuInstance->gpu][gpuInstance->gi][id];
-    DONE(state, NVML_SUCCESS);
-}
-
-nvmlReturn_t DECLDIR nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t computeInstance,
-                                                   nvmlComputeInstanceInfo_t *info) {
-    ENTER();
-    READ_STATE(state);
-    jv *gi, *ci;
-    if ((rc = check_ci(computeInstance, state, &gi, &ci)) != NVML_SUCCESS) DONE(state, rc);
-    if (!info) DONE(state, NVML_ERROR_INVALID_ARGUMENT);
-    placement pl = placement_of(ci);
-    int g = computeInstance->gpu;
-    *info = (nvmlComputeInstanceInfo_t){&g_gpu_handles[g], &g_gi_handles[g][computeInstance->gi],
-                                        (unsigned)computeInstance->ci, (unsigned)jint(jget(ci, "profileId"), 0),
-                                        {pl.start, pl.size}};
-    DONE(state, NVML_SUCCESS);
-}
-
-nvmlReturn_t DECLDIR nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count) {
-    ENTER();
-    READ_STATE(state);
-    int gpu;
-    if ((rc = check_device(device, state, &gpu)) != NVML_SUCCESS) DONE(state, rc);
-    if (!count || device->gi >= 0) DONE(state, NVML_ERROR_INVALID_ARGUMENT);
-    *count = g_node->gpus[gpu].mig_capable ? COMPUTE_SLICES : 0;
-    DONE(state, NVML_SUCCESS);
-}
-
-/* MIG devices by index: the compute instances in (GPU instance, compute instance) order. */
-nvmlReturn_t DECLDIR nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index,
-                                                         nvmlDevice_t *migDevice) {
-    ENTER();
-    READ_STATE(state);
-    int gpu;
-    if ((rc = check_device(device, state, &gpu)) != NVML_SUCCESS) DONE(state, rc);
-    if (!migDevice || device->gi >= 0 || index >= COMPUTE_SLICES) DONE(state, NVML_ERROR_INVALID_ARGUMENT);
-    if (!g_node->gpus[gpu].mig_capable) DONE(state, NVML_ERROR_NOT_SUPPORTED);
-    jv *gs = gpu_state(state, gpu), *gis = jget(gs, "gpuInstances");
-    unsigned n = 0;
-    for (size_t i = 0; i < jlen(gis) && jbool(jget(gs, "migCurrent"), 0); i++) {
-        jv *cis = jget(jat(gis, i), "computeInstances");
-        for (size_t k = 0; k < jlen(cis); k++, n++) {
-            if (n == index) {
-                *migDevice = &g_mig_handles[gpu][jint(jget(jat(gis, i), "id"), 0)][jint(jget(jat(cis, k), "id"), 0)];
-                DONE(state, NVML_SUCCESS);
-            }
-        }
-    }
-    DONE(state, NVML_ERROR_NOT_FOUND);
-}
-
-nvmlReturn_t DECLDIR nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t migDevice, nvmlDevice_t *device) {
-    ENTER();
-    READ_STATE(state);
-    int gpu;
-    if ((rc = check_device(migDevice, state, &gpu)) != NVML_SUCCESS) DONE(state, rc);
-    if (!device || migDevice->gi < 0) DONE(state, NVML_ERROR_INVALID_ARGUMENT);
-    *device = &g_gpu_handles[gpu];
-    DONE(state, NVML_SUCCESS);
-}
-
-nvmlReturn_t DECLDIR nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *isMigDevice) {
-    ENTER();
-    if (!device || !isMigDevice || (!is_gpu_handle(device) && !is_mig_handle(device)))
-        LEAVE(NVML_ERROR_INVALID_ARGUMENT);
-    *isMigDevice = device->gi >= 0;
-    LEAVE(NVML_SUCCESS);
-}
-
-static nvmlReturn_t mig_id(nvmlDevice_t device, unsigned int *id, int which) {
-    ENTER();
-    READ_STATE(state);
-    int gpu;
-    if ((rc = check_device(device, state, &gpu)) != NVML_SUCCESS) DONE(state, rc);
-    if (!id) DONE(state, NVML_ERROR_INVALID_ARGUMENT);
-    if (device->gi < 0) DONE(state, NVML_ERROR_NOT_SUPPORTED);
-    *id = (unsigned)(which ? device->ci : device->gi);
-    DONE(state, NVML_SUCCESS);
-}
-
-nvmlReturn_t DECLDIR nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id) { return mig_id(device, id, 0); }
-
-nvmlReturn_t DECLDIR nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id) {
-    return mig_id(device, id, 1);
 }

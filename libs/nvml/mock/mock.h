@@ -114,4 +114,28 @@ nvmlReturn_t check_device(nvmlDevice_t device, jv *state, int *gpu);
 int is_gpu_handle(nvmlDevice_t device);
 int is_mig_handle(nvmlDevice_t device);
 
+/* mig.c: the layout helpers compute.c shares. */
+int overlaps(placement a, placement b);
+placement placement_of(const jv *inst);
+nvmlReturn_t check_gi(nvmlGpuInstance_t handle, jv *state, jv **gi, const gi_profile **gp);
+nvmlReturn_t put_placements(const placement *list, unsigned n, void *out, unsigned int *count);
+unsigned free_placements(const placement *all, unsigned n, jv *list, placement *out);
+unsigned count_profile(jv *list, unsigned profile_id);
+void max_disjoint(const placement *c, unsigned n, unsigned from, placement *chosen, unsigned k,
+                  unsigned limit, unsigned *best);
+jv *new_instance(unsigned id, unsigned profile_id, placement pl, int with_cis);
+int insert_sorted(jv *list, jv *inst);
+int busy(jv *state, int gpu, long long gi, long long ci); /* a process runs in the instance */
+
+/* Getter bodies: the state read once, freed on every way out. */
+#define READ_STATE(state)             \
+    nvmlReturn_t rc;                  \
+    jv *state = state_read(&rc);      \
+    if (!state) LEAVE(rc)
+#define DONE(state, value)  \
+    do {                    \
+        json_free(state);   \
+        LEAVE(value);       \
+    } while (0)
+
 #endif
