@@ -176,7 +176,7 @@ static jv *parse_value(parser *ps) {
         }
     }
     const char *start = ps->p;
-    while (ps->p < ps->end && strchr("+-0123456789.eE", *ps->p)) ps->p++;
+    while (ps->p < ps->end && *ps->p && strchr("+-0123456789.eE", *ps->p)) ps->p++;
     if (ps->p == start) return NULL;
     jv *v = jnew(J_NUM);
     if (!v || !(v->s = strndup(start, (size_t)(ps->p - start)))) { free(v); return NULL; }

@@ -195,8 +195,13 @@ def test_an_mps_client_is_listed_apart_from_own_contexts(open_node: OpenNode) ->
 
 def test_compute_mode_set_through_one_is_read_by_the_other(open_node: OpenNode) -> None:
     node = open_node(MIG_NODE)
-    node.real.set_compute_mode(2, ComputeMode.EXCLUSIVE_PROCESS)
+    node.control.inject_xid(0, 31)
+    before = node.control.state()
+    node.real.set_compute_mode(2, ComputeMode.EXCLUSIVE_PROCESS)  # the C side rewrites the file
     assert node.fake.compute_mode(2) is ComputeMode.EXCLUSIVE_PROCESS
+    after = node.control.state()
+    assert after.events == before.events  # the event's float time written back as it was
+    assert after.gpus[2].compute_mode == "EXCLUSIVE_PROCESS"
     node.fake.set_compute_mode(2, ComputeMode.PROHIBITED)
     assert node.real.compute_mode(2) is ComputeMode.PROHIBITED
 
