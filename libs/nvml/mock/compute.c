@@ -249,7 +249,8 @@ nvmlReturn_t DECLDIR nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigne
     int gpu;
     if ((rc = check_device(device, state, &gpu)) != NVML_SUCCESS) DONE(state, rc);
     if (!count || device->gi >= 0) DONE(state, NVML_ERROR_INVALID_ARGUMENT);
-    *count = g_node->gpus[gpu].mig_capable ? COMPUTE_SLICES : 0;
+    /* 0 with MIG off, as a real H200 (driver 580) answers */
+    *count = g_node->gpus[gpu].mig_capable && jbool(jget(gpu_state(state, gpu), "migCurrent"), 0) ? COMPUTE_SLICES : 0;
     DONE(state, NVML_SUCCESS);
 }
 

@@ -204,7 +204,8 @@ nvmlReturn_t DECLDIR nvmlDeviceGetGpuInstanceRemainingCapacity(nvmlDevice_t devi
     ENTER();
     READ_STATE(state);
     int gpu;
-    if ((rc = mig_gpu(device, state, 1, &gpu)) != NVML_SUCCESS) DONE(state, rc);
+    /* answered with MIG off too (a real H200, driver 580): the layout is empty then */
+    if ((rc = mig_gpu(device, state, 0, &gpu)) != NVML_SUCCESS) DONE(state, rc);
     const gi_profile *gp = profile_by_id(&g_node->gpus[gpu], profileId);
     if (!gp || !count) DONE(state, NVML_ERROR_INVALID_ARGUMENT);
     jv *gs = gpu_state(state, gpu), *gis = jget(gs, "gpuInstances");
@@ -332,7 +333,7 @@ nvmlReturn_t DECLDIR nvmlDeviceGetGpuInstances(nvmlDevice_t device, unsigned int
     ENTER();
     READ_STATE(state);
     int gpu;
-    if ((rc = mig_gpu(device, state, 1, &gpu)) != NVML_SUCCESS) DONE(state, rc);
+    if ((rc = mig_gpu(device, state, 0, &gpu)) != NVML_SUCCESS) DONE(state, rc); /* as above */
     if (!profile_by_id(&g_node->gpus[gpu], profileId) || !gpuInstances || !count)
         DONE(state, NVML_ERROR_INVALID_ARGUMENT);
     jv *gis = jget(gpu_state(state, gpu), "gpuInstances");
