@@ -147,7 +147,7 @@ def test_a_deep_claim_stops_no_plugin_and_no_prepare(
     allocate_hostile(kube, namespace, "deep-here", [result("gpu-1", pool=node_name)])
 
     plugin = harness.start()  # used to die here: RecursionError listing every claim
-    cache = plugin.driver.helper.claims
+    cache = plugin.app.helper.claims
     assert cache.reflector is not None
     wait_for(lambda: cache.get(ClaimRef(namespace, "good", good["metadata"]["uid"])), 10, "cache")
 
