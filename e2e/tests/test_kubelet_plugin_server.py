@@ -88,10 +88,7 @@ def test_a_refused_registration_recreates_the_socket(harness: Harness) -> None:
     assert plugin.app.helper.server.last_error == "version mismatch"
     assert get_info(socket).name == "gpu.gpuslice.dev"
     notify(socket, True)
-    assert (
-        plugin.app.helper.server.registered.is_set()
-        and plugin.app.helper.server.failures == 0
-    )
+    assert plugin.app.helper.server.registered.is_set() and plugin.app.helper.server.failures == 0
 
 
 def test_probe_and_stop(plugin: Running) -> None:
