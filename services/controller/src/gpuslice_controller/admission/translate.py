@@ -4,8 +4,9 @@
 do: the ResourceClaimTemplates to ensure in the pod's namespace and an RFC 6902 patch that adds
 ``spec.resourceClaims``, the containers' ``resources.claims``, removes the extended resources and
 records the original request in the ``gpu.gpuslice.dev/translated-from`` annotation. It talks to
-nothing: what it needs to know about the cluster comes in :class:`ClusterFacts`. The dialects are
-tables in :mod:`gpuslice_controller.dialects`; the decisions are explained in docs/controller.md.
+nothing: what it needs to know about the cluster comes in :class:`ClusterFacts`. The dialects
+are tables in :mod:`gpuslice_controller.admission.dialects`; the decisions are explained in
+docs/controller.md.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from fractions import Fraction
 from typing import Any
 
 from gpuslice_api.quantity import MIB, format_bytes, human_bytes, parse_quantity
-from gpuslice_controller.dialects import BY_RESOURCE, Dialect
-from gpuslice_controller.selectors import annotation_selectors, size_selector
+from gpuslice_controller.admission.dialects import BY_RESOURCE, Dialect
+from gpuslice_controller.admission.selectors import annotation_selectors, size_selector
 from gpuslice_core.errors import InvalidArgumentError
 
 TRANSLATED_ANNOTATION = "gpu.gpuslice.dev/translated-from"

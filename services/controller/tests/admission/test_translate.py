@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from gpuslice_api import gpuconfig
-from gpuslice_controller.selectors import cel_string
-from gpuslice_controller.translate import (
+from gpuslice_controller.admission.selectors import cel_string
+from gpuslice_controller.admission.translate import (
     TRANSLATED_ANNOTATION,
     ClusterFacts,
     Denied,

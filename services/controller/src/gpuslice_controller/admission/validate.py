@@ -26,7 +26,7 @@ from typing import Any
 
 from gpuslice_api.gpuconfig import GpuConfig, decode
 from gpuslice_api.quantity import MIB, human_bytes, parse_quantity
-from gpuslice_controller.admission import Decision, Request
+from gpuslice_controller.admission.review import Decision, Request
 from gpuslice_core.errors import InvalidArgumentError
 
 CAPACITIES = ("cores", "memory")
