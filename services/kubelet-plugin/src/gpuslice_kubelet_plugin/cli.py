@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuslice_api.names import DRIVER
+from gpuslice_api.names import DRIVER, MODE_LABEL
 from gpuslice_core import logging as gslog
 from gpuslice_core.cli import EnvArgumentParser, positive_seconds
 from gpuslice_core.metrics import parse_addr
@@ -182,7 +182,7 @@ def build_parser() -> EnvArgumentParser:
         env="MODE_CHECK",
         default=True,
         help="Refuse to start (exit 3, a Warning Event KubeletPluginRefused on the Node) on a "
-        "node labelled gpuslice.dev/mode=device-plugin or whose capacity shows GPUs served by a "
+        f"node labelled {MODE_LABEL}=device-plugin or whose capacity shows GPUs served by a "
         "device plugin: a GPU must not be served by both.",
     )
     p.add_bool_flag(
