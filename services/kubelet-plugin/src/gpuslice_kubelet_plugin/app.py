@@ -123,12 +123,15 @@ class KubeletPluginApp:
                 orphan_grace=s.orphan_grace,
             )
             self.helper = kubelet_server(
-                s,
                 DraServicer(self.state),
+                node=s.node_name,
+                sockets=s.sockets,
                 api=api,
                 claims=claims,
-                health=self.health,
+                claim_cache=s.claim_cache,
+                health=self.health if s.health_streaming else None,
                 metrics=self.metrics.helper,
+                workers=s.workers,
             )
             self.collector = ClaimCollector(
                 self.state, claims.read, self.metrics, interval=s.gc_interval

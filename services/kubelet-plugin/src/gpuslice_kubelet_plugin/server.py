@@ -5,30 +5,40 @@ all served by the DRA helper (``gpuslice_draplugin``, the counterpart of upstrea
 from __future__ import annotations
 
 from gpuslice_api.names import DRIVER
-from gpuslice_draplugin import ClaimCache, HealthSource, Helper, HelperMetrics, ResourceApi
-from gpuslice_kubelet_plugin.cli import Settings
+from gpuslice_draplugin import (
+    ClaimCache,
+    HealthSource,
+    Helper,
+    HelperMetrics,
+    ResourceApi,
+    Sockets,
+)
 from gpuslice_kubelet_plugin.servicer import DraServicer
 
 
 def kubelet_server(
-    settings: Settings,
     servicer: DraServicer,
     *,
+    node: str,
+    sockets: Sockets,
     api: ResourceApi,
     claims: ClaimCache,
+    claim_cache: bool,
     health: HealthSource | None,
     metrics: HelperMetrics,
+    workers: int,
 ) -> Helper:
-    """The helper serving ``servicer`` on the settings' sockets, not started."""
+    """The helper serving ``servicer`` on ``sockets``, not started; it watches ``claims`` when
+    ``claim_cache`` is on and serves the health stream from ``health`` when there is one."""
     return Helper(
         servicer,
         driver=DRIVER,
-        node=settings.node_name,
+        node=node,
         api=api,
         claims=claims,
-        sockets=settings.sockets,
-        health=health if settings.health_streaming else None,
-        claim_cache=settings.claim_cache,
+        sockets=sockets,
+        health=health,
+        claim_cache=claim_cache,
         metrics=metrics,
-        workers=settings.workers,
+        workers=workers,
     )
