@@ -33,7 +33,7 @@ from gpuslice_controller.viewapi import ViewApi
 from gpuslice_controller.viewmetrics import ViewCollector
 from gpuslice_core import metrics
 from gpuslice_core.errors import FailedPreconditionError, GpusliceError
-from gpuslice_core.grpcserver import wait_for_signal
+from gpuslice_core.grpcserver import StopSignals
 from gpuslice_core.logging import configure, get_logger
 from gpuslice_kube.client import new_api_client
 from gpuslice_kube.discovery import RESOURCE_VERSIONS, served_versions
@@ -178,6 +178,7 @@ def _run(args: argparse.Namespace) -> int:
         REGISTRY.register(collector)
     http = metrics.serve(args.metrics_addr) if args.metrics_addr else None
     stop = threading.Event()
+    signals = StopSignals(stop)
     log.info(
         "starting",
         version=__version__,
@@ -226,7 +227,7 @@ def _run(args: argparse.Namespace) -> int:
         solo = threading.Thread(target=lead, args=(stop,), name="leader", daemon=True)
         solo.start()
     try:
-        signum = wait_for_signal(done=stop)
+        signum = signals.wait()
         log.info("stopping", signal=signum)
     finally:
         stop.set()

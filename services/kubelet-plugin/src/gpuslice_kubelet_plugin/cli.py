@@ -18,7 +18,7 @@ from gpuslice_api.nodemode import EXIT_REFUSED
 from gpuslice_core import logging as gslog
 from gpuslice_core.cli import EnvArgumentParser, positive_seconds
 from gpuslice_core.errors import GpusliceError
-from gpuslice_core.grpcserver import wait_for_signal
+from gpuslice_core.grpcserver import StopSignals
 from gpuslice_core.metrics import parse_addr
 from gpuslice_draplugin import probe
 from gpuslice_kube.client import new_api_client
@@ -235,6 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parse_addr(args.metrics_addr)
         except ValueError as exc:
             parser.error(str(exc))
+    signals = StopSignals()
     try:
         nvml = nvml_from_args(args)
     except GpusliceError as exc:
@@ -257,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("start-up failed", error=str(exc))
         nvml.close()
         return 2
-    signum = wait_for_signal()
+    signum = signals.wait()
     log.info("stopping", signal=signum)
     driver.stop()
     nvml.close()
