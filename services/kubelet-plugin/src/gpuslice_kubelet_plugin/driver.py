@@ -22,6 +22,7 @@ from pathlib import Path
 from wsgiref.simple_server import WSGIServer
 
 from gpuslice_core.cdi import ClaimSpecs
+from gpuslice_core.driverroot import DriverRoot
 from gpuslice_core.errors import GpusliceError
 from gpuslice_core.logging import get_logger
 from gpuslice_core.metrics import serve
@@ -155,7 +156,9 @@ class Driver:
             cached_claim=claims.get,
             unprepared=claims.unprepared,
             cdi=CdiWriter(
-                ClaimSpecs(s.cdi_root), dev_root=s.driver_root, nvidia_cdi_kind=s.nvidia_cdi_kind
+                ClaimSpecs(s.cdi_root),
+                driver=DriverRoot(s.driver_root),
+                nvidia_cdi_kind=s.nvidia_cdi_kind,
             ),
             enforcer=self.enforcer,
             mig=self.mig,
