@@ -42,7 +42,7 @@ from gpuslice_controller.view.diagnose import Diagnostics
 from gpuslice_controller.view.metrics import ViewCollector
 from gpuslice_core import metrics
 from gpuslice_core.errors import FailedPreconditionError, GpusliceError
-from gpuslice_core.grpcserver import wait_for_signal
+from gpuslice_core.grpcserver import StopSignals
 from gpuslice_core.logging import configure, get_logger
 from gpuslice_kube.client import new_api_client
 from gpuslice_kube.discovery import RESOURCE_VERSIONS, served_versions
@@ -228,12 +228,13 @@ def run(settings: Settings) -> int:
     configure(component="controller", level=settings.log_level)
     try:
         app = ControllerApp(settings)
+        signals = StopSignals(app.stopping)  # before anything serves (gpuslice_core.grpcserver)
         app.start()
     except GpusliceError as exc:
         log.error("cannot start", error=str(exc))
         return 1
     try:
-        signum = wait_for_signal(done=app.stopping)
+        signum = signals.wait()
         log.info("stopping", signal=signum)
     finally:
         app.stop()

@@ -25,8 +25,9 @@ from gpuslice_api.names import DRIVER
 from gpuslice_api.nodemode import EXIT_REFUSED
 from gpuslice_core import logging as gslog
 from gpuslice_core.cdi import ClaimSpecs
+from gpuslice_core.driverroot import DriverRoot
 from gpuslice_core.errors import GpusliceError
-from gpuslice_core.grpcserver import wait_for_signal
+from gpuslice_core.grpcserver import StopSignals
 from gpuslice_core.metrics import serve
 from gpuslice_draplugin import ClaimCache, ResourceApi, detect
 from gpuslice_kube.client import new_api_client
@@ -112,7 +113,7 @@ class KubeletPluginApp:
                 unprepared=claims.unprepared,
                 cdi=CdiWriter(
                     ClaimSpecs(s.cdi_root),
-                    dev_root=s.driver_root,
+                    driver=DriverRoot(s.driver_root),
                     nvidia_cdi_kind=s.nvidia_cdi_kind,
                 ),
                 enforcer=self.enforcer,
@@ -199,6 +200,7 @@ def run(settings: Settings) -> int:
     """The process: build, start, serve until SIGTERM/SIGINT, stop. 2 when start-up fails,
     3 (``EXIT_REFUSED``) on a node whose GPUs the device plugin serves."""
     gslog.configure(component=PROG, level=settings.log_level, json=settings.log_format == "json")
+    signals = StopSignals()  # before anything serves (gpuslice_core.grpcserver)
     try:
         nvml = open_nvml(settings.nvml, settings.fake_nvml_config)
     except GpusliceError as exc:
@@ -220,7 +222,7 @@ def run(settings: Settings) -> int:
         log.error("start-up failed", error=str(exc))
         nvml.close()
         return 2
-    signum = wait_for_signal()
+    signum = signals.wait()
     log.info("stopping", signal=signum)
     app.stop()
     nvml.close()
