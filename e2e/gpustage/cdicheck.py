@@ -49,6 +49,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
+from gpuslice_api.names import DRIVER
 from gpuslice_api.quantity import MIB
 from gpuslice_core.cdi import ClaimSpecs, ContainerEdits, Hook, Mount, resolve
 from gpuslice_core.driverroot import CONTROL_NODES, DriverRoot
@@ -57,7 +58,7 @@ from gpuslice_draplugin import ClaimRef
 from gpuslice_kubelet_plugin.cdispecs import CdiWriter
 from gpuslice_kubelet_plugin.checkpoint import ClaimRecord
 from gpuslice_kubelet_plugin.claims import parse_claim
-from gpuslice_kubelet_plugin.discovery import DRIVER, Device, Inventory, discover
+from gpuslice_kubelet_plugin.discovery import Device, Inventory, discover
 from gpuslice_kubelet_plugin.enforcer import ShareGrant
 from gpuslice_kubelet_plugin.plan import make_plan
 from gpuslice_kubelet_plugin.state import record_grant

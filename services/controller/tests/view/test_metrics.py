@@ -9,7 +9,7 @@ from typing import TypeVar
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gpuslice_controller.viewmetrics import ClaimCollector, ViewCollector
+from gpuslice_controller.view.metrics import ClaimCollector, ViewCollector
 from gpuslice_testkit import view as t
 from gpuslice_view.live import NodeLive, ShareLive
 from gpuslice_view.model import ClusterView
