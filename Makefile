@@ -5,8 +5,8 @@ PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
 .PHONY: all setup demo inventory chart test lint typecheck imports proto proto-check unit clean \
-	kube-binaries node-binaries images e2e-real e2e-kind cluster-up cluster-down cluster-status \
-	gpu-stage start-stress nvml-mock
+	kube-binaries node-binaries hook-binary images e2e-real e2e-kind cluster-up cluster-down \
+	cluster-status gpu-stage start-stress nvml-mock
 
 all: test
 
@@ -45,7 +45,7 @@ proto: setup
 proto-check: setup
 	$(PY) hack/gen_protos.py --check
 
-unit: setup kube-binaries node-binaries images nvml-mock
+unit: setup kube-binaries node-binaries hook-binary images nvml-mock
 	$(BIN)/pytest -q
 
 # The mock libnvidia-ml.so.1 on the fake node (docs/nvml-mock.md), built with gcc into
@@ -88,9 +88,14 @@ gpu-stage: setup
 node-binaries:
 	bash hack/node-binaries.sh
 
+# The enforcer's CDI hook, the one Go program (services/enforcer/hook, standard library only):
+# gofmt, go vet and its Go tests, then a static binary in ~/.cache/gpuslice/hook (no download).
+hook-binary:
+	bash hack/hook-binary.sh
+
 # pause, the Python base and every services/*/Dockerfile as OCI archives, with buildah and no
 # registry, into ~/.cache/gpuslice/images (manifest.json lists them; see docs/images.md).
-images: setup
+images: setup hook-binary
 	bash hack/images.sh
 
 # NODES=real: plus two real nodes (containerd + kubelet each, docs/real-node.md); default: none.

@@ -7,7 +7,9 @@ asserts nothing. Needs root (cgroups).
    /proc) while it samples shares holding 0..N real processes every 100 ms.
 2. Reaction time: from a process's allocation past its share's memory limit to its death.
 3. Prepare to limits-in-force per mechanism: CreateShare, and the CDI hook attaching a container;
-   3b. the hook alone, as the chart installs it, as a console script, and through gRPC.
+   3b. the hook alone: the static binary the chart installs, the Python hook as the chart
+   installed it before and as a console script, and through gRPC (an enforcer without the
+   attach socket); the variants take turns, run by run.
 4. SM throttling accuracy: achieved SM share (from the fake's runnable-time accounting) for
    several limits against a process that wants 90%.
 5. Hostile clients: a valid hook's latency with N stuck clients on the attach socket, the
@@ -41,10 +43,13 @@ from gpuslice_enforcer import hook
 from gpuslice_nvml.fake import FakeNvml, FakeNvmlControl
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
 from gpuslice_testkit.enforcer import (
+    HOOK_MAIN,
     Cgroups,
     EnforcerProcess,
     Workload,
     cgroup2_root,
+    go_hook,
+    hook_path,
     remove_tree,
     run_hook,
     share_request,
@@ -207,49 +212,90 @@ def prepare_to_enforced(trials: int) -> None:
 
 
 GIB_1 = 1 << 30
-HOOK_MAIN = "import sys; from gpuslice_enforcer.hook import main; sys.exit(main())"
+
+
+def _report(label: str, runs: list[tuple[float, float]]) -> None:
+    """One line of figures for ``runs`` of ``_run_timed``."""
+    times, cpu = sorted(r[0] for r in runs), sorted(r[1] for r in runs)
+    print(
+        f"   {label:<58} median {statistics.median(times) * 1e3:5.1f} ms, "
+        f"p90 {times[int(len(times) * 0.9) - 1] * 1e3:5.1f} ms, "
+        f"max {times[-1] * 1e3:5.1f} ms; CPU median {statistics.median(cpu) * 1e3:5.1f} ms, "
+        f"p90 {cpu[int(len(cpu) * 0.9) - 1] * 1e3:5.1f} ms ({len(times)} runs)"
+    )
+
+
+def _run_timed(command: list[str], state: bytes, env: dict[str, str]) -> tuple[float, float]:
+    """Run ``command`` as runc runs a hook (fork and exec, ``state`` on stdin, until it exits):
+    its wall time, and the CPU time (user + system) the child used itself, which holds under
+    load when wall times do not."""
+    start = time.perf_counter()
+    child = subprocess.Popen(
+        command,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    assert child.stdin and child.stdout and child.stderr
+    child.stdin.write(state)
+    child.stdin.close()
+    child.stdout.read()  # a line or two: neither pipe fills while the other is read
+    error = child.stderr.read()
+    _, status, usage = os.wait4(child.pid, 0)
+    wall = time.perf_counter() - start
+    child.returncode = os.waitstatus_to_exitcode(status)
+    for stream in (child.stdout, child.stderr):
+        stream.close()
+    if child.returncode != 0:
+        raise RuntimeError(f"{command[0]} exited {child.returncode}: {error.decode()}")
+    return wall, usage.ru_utime + usage.ru_stime
 
 
 def hook_cost(trials: int) -> None:
+    """Each hook as runc runs it, against a running enforcer, the variants taking turns run by
+    run so that a change of load hits them alike."""
     print("\n3b. the CDI hook alone: createContainer -> limits in force (watchdog share)")
     config = node("570.158.01")
     proc = EnforcerProcess(config, config.parent, ["--mps=off", "--log-level=warning"]).start()
     uuid = FakeNvml.from_config_file(config).gpu(0).uuid
     attach_socket = proc.socket.with_name(proc.socket.name + ".attach")
     aside = attach_socket.with_name(attach_socket.name + ".aside")
-    # the chart's wrapper names the packages in PYTHONPATH and runs python -s -S -c (node-setup)
     packages = os.pathsep.join(p for p in sys.path if p and Path(p).is_dir())
     try:
         with proc.channel() as channel, Cgroups() as groups:
             reply = proc.stub(channel).CreateShare(share_request("bench-hook", uuid))
             args = list(hook_of(reply).args)
             workload = Workload(config, cgroup_dirs=groups.container())
+            static = str(go_hook())
             variants = [
+                ("static binary, as the chart installs it", [static, *args[1:]], {}),
+                ("static binary, --help only (process start, no call)", [static, "--help"], {}),
                 (
-                    "as the chart installs it (python -s -S -c)",
+                    "Python, as the chart installed it before (python -s -S -c)",
                     [sys.executable, "-s", "-S", "-c", HOOK_MAIN, *args[1:]],
                     {"PYTHONPATH": packages},
                 ),
-                ("console script (site.py)", args, {}),
-                ("gRPC fallback (enforcer without the attach socket)", args, {}),
+                ("Python console script (site.py)", [str(hook_path("python")), *args[1:]], {}),
             ]
-            for index, (label, command, env) in enumerate(variants):
-                if "fallback" in label:
-                    attach_socket.rename(aside)  # still listening, under another name
-                times = []
-                for trial in range(trials + 1):
+            runs: list[list[tuple[float, float]]] = [[] for _ in variants]
+            for trial in range(trials + 1):
+                for index, (_, command, env) in enumerate(variants):
                     state = json.dumps({"id": f"ctr-{index}-{trial}", "pid": workload.pid})
-                    start = time.perf_counter()
-                    subprocess.run(
-                        command, input=state.encode(), env=env, check=True, capture_output=True
-                    )
-                    times.append(time.perf_counter() - start)
-                times = sorted(times[1:])  # the first run may compile bytecode
-                print(
-                    f"   {label:<52} median {statistics.median(times) * 1e3:5.1f} ms, "
-                    f"p90 {times[int(len(times) * 0.9) - 1] * 1e3:5.1f} ms, "
-                    f"max {times[-1] * 1e3:5.1f} ms ({trials} runs)"
-                )
+                    ran = _run_timed(command, state.encode(), env)
+                    if trial:  # the first run of each may compile bytecode or fill caches
+                        runs[index].append(ran)
+            for (label, _, _), taken in zip(variants, runs, strict=True):
+                _report(label, taken)
+            attach_socket.rename(aside)  # still listening, under another name
+            grpc_runs = []
+            for trial in range(min(trials, 20) + 1):
+                state = json.dumps({"id": f"ctr-grpc-{trial}", "pid": workload.pid})
+                ran = _run_timed([str(hook_path("python")), *args[1:]], state.encode(), {})
+                if trial:
+                    grpc_runs.append(ran)
+            label = "Python gRPC fallback (enforcer without the attach socket)"
+            _report(label, grpc_runs)
             aside.rename(attach_socket)
             workload.stop()
     finally:
@@ -399,7 +445,7 @@ SECTIONS: dict[str, Callable[[argparse.Namespace], None]] = {
     "watchdog": lambda args: watchdog_cost(args.seconds),
     "reaction": lambda args: reaction(args.trials),
     "prepare": lambda args: prepare_to_enforced(args.trials),
-    "hook": lambda args: hook_cost(max(args.trials, 20)),
+    "hook": lambda args: hook_cost(max(args.trials, 50)),
     "accuracy": lambda args: accuracy(args.seconds),
     "hostile": lambda args: hostile(max(args.trials, 10), 1000),
 }

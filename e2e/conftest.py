@@ -22,6 +22,18 @@ from e2e.sandbox.controlplane import (  # noqa: E402
     StartError,
     install_signal_handlers,
 )
+from gpuslice_testkit.enforcer import HOOK_KINDS, hook_missing  # noqa: E402
+
+
+@pytest.fixture(params=HOOK_KINDS)
+def hook_kind(request: pytest.FixtureRequest) -> str:
+    """The CDI hook a test runs, each in turn: the static Go binary the chart installs and the
+    Python hook; the Go one skips, saying why, only where there is no Go to build it."""
+    kind: str = request.param
+    reason = hook_missing(kind)
+    if reason:
+        pytest.skip(reason)
+    return kind
 
 
 @pytest.fixture(scope="session")

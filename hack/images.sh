@@ -7,9 +7,13 @@
 #                                                    ca-certificates: the role of python:3.11-slim,
 #                                                    and the e2e pods' workload image
 #   <service>    localhost/gpuslice/<service>:TAG    every services/*/Dockerfile, built unchanged
-#                                                    with PYTHON_IMAGE/UV_IMAGE set to local images
-# plus uv (localhost/gpuslice/uv:TAG, a scratch image holding /uv and /uvx from .tools/, the uv
-# hack/bootstrap.sh pins) in the role of ghcr.io/astral-sh/uv, used by the builds only.
+#                                                    with PYTHON_IMAGE/UV_IMAGE (and GO_IMAGE
+#                                                    where it declares it) set to local images
+# plus two images used by the builds only: uv (localhost/gpuslice/uv:TAG, a scratch image holding
+# /uv and /uvx from .tools/, the uv hack/bootstrap.sh pins) in the role of ghcr.io/astral-sh/uv,
+# and go (localhost/gpuslice/go:TAG, python-base plus this machine's Go toolchain at
+# /usr/local/go) in the role of golang:1.26-bookworm, for the enforcer's static CDI hook, which
+# must then be byte for byte the binary hack/hook-binary.sh built and the tests ran.
 # TAG is a hash of the image's inputs (sources, lock file, recipe, base image ids): an image whose
 # inputs did not change is not rebuilt, a changed one gets a new tag. Everything lives outside the
 # work tree, in ${GPUSLICE_IMAGES_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpuslice/images}:
@@ -18,7 +22,7 @@
 #   logs/       one log per image build
 #   manifest.json  {"registry", "storage_driver", "images": {NAME: {ref, archive, id,
 #                  size_bytes (archive), image_bytes (unpacked), build_seconds (this run),
-#                  cached, first_build_seconds}}, "build_images": {"uv": ...}}; its path is the
+#                  cached, first_build_seconds}}, "build_images": {"uv": ..., "go": ...}}; its path is the
 #                  last stdout line
 # The python-base image is Debian's archive of the day it was built: it is rebuilt only when its
 # recipe changes or with --refresh-base (then every service image gets a new tag too).
@@ -43,6 +47,7 @@ RECIPE_PAUSE=1
 RECIPE_BASE=1
 RECIPE_UV=1
 RECIPE_SERVICE=1
+RECIPE_GO=1
 
 log() { printf '>> %s\n' "$*" >&2; }
 die() { printf 'images: error: %s\n' "$*" >&2; exit 1; }
@@ -89,7 +94,7 @@ fi
 # --- tools ------------------------------------------------------------------------------------------
 [ "$(id -u)" = 0 ] || die "needs root (buildah's chroot isolation and debootstrap); run it as root"
 bash "$REPO_ROOT/hack/node-packages.sh" || die "the Debian packages above are needed (hack/node-packages.sh)"
-for tool in buildah debootstrap gcc sha256sum flock; do
+for tool in buildah debootstrap gcc sha256sum flock go; do
   command -v "$tool" >/dev/null || die "$tool is not installed (hack/node-packages.sh installs it)"
 done
 UV_VERSION=$(sed -n 's/^UV_VERSION=\([^[:space:]#]*\).*/\1/p' "$REPO_ROOT/hack/bootstrap.sh")
@@ -174,7 +179,7 @@ ORDER=()
 # forced), call BUILD_FN REF ARGS... to make REF in the storage, then export it and record it.
 # The storage keeps the image; a base that later builds start FROM, when only its archive is left
 # (a fresh storage), is pulled back from it with the same id.
-BASES="python-base uv"
+BASES="python-base uv go"
 publish() {
   local name=$1 tag=$2 build=$3; shift 3
   local ref="$REGISTRY/$name:$tag" archive="$ARCHIVES/$name-$tag.tar" meta="$ARCHIVES/$name-$tag.json"
@@ -295,21 +300,54 @@ build_python_base() { # REF PYTHON_MINOR
   "${B[@]}" commit --rm "$ctr" "$ref"
 }
 
+# The Go toolchain without what builds never read (its tests, API lists, docs, the tools' own
+# sources): about 180 MB of the 270 MB
+GO_SKIP=(./test ./api ./doc ./misc ./src/cmd)
+build_go() { # REF: python-base + this machine's Go at /usr/local/go, like golang:1.26-bookworm
+  local work="$CACHE/work/go" goroot ctr p excludes=()
+  goroot=$(go env GOROOT)
+  rm -rf "$work"
+  mkdir -p "$work/go"
+  for p in "${GO_SKIP[@]}"; do excludes+=(--exclude="$p"); done
+  tar -C "$goroot" "${excludes[@]}" -cf - . | tar -C "$work/go" -xf -
+  ctr=$("${B[@]}" from --pull-never "${RESULT_REF[python-base]}")
+  "${B[@]}" copy "$ctr" "$work/go" /usr/local/go
+  "${B[@]}" config --env PATH=/usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    --env GOTOOLCHAIN=local --env "GOLANG_VERSION=${GO_VERSION#go}" \
+    --label org.opencontainers.image.title=go --label "org.opencontainers.image.version=$GO_VERSION" "$ctr"
+  "${B[@]}" commit --rm "$ctr" "$1"
+  rm -rf "$work"
+}
+
 build_service() { # REF DOCKERFILE
-  local tls=()
+  local tls=() go=()
   # `uv sync` may reach PyPI through a TLS-intercepting proxy whose CA only the host's bundle
   # holds: lend the build that bundle (read-only) and name it, only when the host names one
   if [ -n "${SSL_CERT_FILE:-}" ] && [ -f "$SSL_CERT_FILE" ]; then
     tls=(-v "$SSL_CERT_FILE:$SSL_CERT_FILE:ro" --build-arg "SSL_CERT_FILE=$SSL_CERT_FILE")
   fi
+  if grep -q '^ARG GO_IMAGE=' "$2"; then go=(--build-arg "GO_IMAGE=${RESULT_REF[go]}"); fi
   local rc=0
   "${NICE[@]}" "${B[@]}" bud --pull-never --network host --isolation chroot \
     --build-arg "PYTHON_IMAGE=${RESULT_REF[python-base]}" --build-arg "UV_IMAGE=${RESULT_REF[uv]}" \
-    "${tls[@]}" -f "$2" -t "$1" "$REPO_ROOT" || rc=$?
+    "${go[@]}" "${tls[@]}" -f "$2" -t "$1" "$REPO_ROOT" || rc=$?
   # buildah 1.28 leaves the working container of a stage used only by COPY --from (uv) behind,
   # mounted; the storage is ours alone, so every container in it can go
   "${B[@]}" rm --all >/dev/null
   return "$rc"
+}
+
+check_hook() { # REF BINARY: the image's /usr/local/bin/gpuslice-enforcer-hook is BINARY, byte for byte
+  local c m
+  c=$("${B[@]}" from --pull-never "$1" 2>/dev/null) || die "cannot open $1 to check its hook"
+  m=$("${B[@]}" mount "$c") || { "${B[@]}" rm "$c" >/dev/null; die "cannot mount $1 to check its hook"; }
+  if ! cmp -s "$m/usr/local/bin/gpuslice-enforcer-hook" "$2"; then
+    "${B[@]}" umount "$c" >/dev/null; "${B[@]}" rm "$c" >/dev/null
+    die "the hook in $1 is not the binary the tests run ($2): the Dockerfile's hook stage and hack/hook-binary.sh must build with the same Go and flags"
+  fi
+  "${B[@]}" umount "$c" >/dev/null
+  "${B[@]}" rm "$c" >/dev/null
+  log "enforcer: its hook is $2, byte for byte"
 }
 
 # --- build ------------------------------------------------------------------------------------------
@@ -329,6 +367,10 @@ PY_MINOR=$(sed -n 's/^requires-python = ">=\([0-9]*\.[0-9]*\).*/\1/p' "$REPO_ROO
 publish pause "$(tag_of "pause $RECIPE_PAUSE $PAUSE_VERSION $(sha256sum <"$REPO_ROOT/hack/images/pause.c") $(gcc -dumpfullversion)")" build_pause
 publish uv "$(tag_of "uv $RECIPE_UV $(sha256sum <"$REPO_ROOT/.tools/uv/bin/uv") $(sha256sum <"$REPO_ROOT/.tools/uv/bin/uvx")")" build_uv
 publish python-base "$(tag_of "python-base $RECIPE_BASE $SUITE $BASE_PACKAGES ${SLIM_PATHS[*]}")" build_python_base "$PY_MINOR"
+GO_VERSION=$(go env GOVERSION)
+publish go "$(tag_of "go $RECIPE_GO $GO_VERSION $(go env GOOS GOARCH) ${GO_SKIP[*]} ${RESULT_ID[python-base]}")" build_go
+# the static hook as the tests run it: the enforcer image's must be the same bytes
+HOOK_BINARY=$(bash "$REPO_ROOT/hack/hook-binary.sh" | tail -n1) || die "hack/hook-binary.sh failed (above)"
 
 # every service with a Dockerfile, new ones included
 for dockerfile in "$REPO_ROOT"/services/*/Dockerfile; do
@@ -340,9 +382,15 @@ for dockerfile in "$REPO_ROOT"/services/*/Dockerfile; do
     die "services/$service/Dockerfile must take its base images as build arguments (ARG PYTHON_IMAGE=..., ARG UV_IMAGE=... before the first FROM, as services/kubelet-plugin/Dockerfile does; docs/images.md)"
   fi
   inputs=$(hash_files pyproject.toml uv.lock libs "services/$service" services/*/pyproject.toml tools/*/pyproject.toml)
-  publish "$service" "$(tag_of "service $RECIPE_SERVICE $service $inputs ${RESULT_ID[python-base]} ${RESULT_ID[uv]}")" \
+  go_id=""
+  if [[ $text == *$'\n'"ARG GO_IMAGE="* ]]; then go_id=${RESULT_ID[go]}; fi
+  publish "$service" "$(tag_of "service $RECIPE_SERVICE $service $inputs ${RESULT_ID[python-base]} ${RESULT_ID[uv]}$go_id")" \
     build_service "$dockerfile"
 done
+# checked when built: a cached enforcer image's tag covers the hook's sources and the Go image
+if [ -n "${RESULT_REF[enforcer]:-}" ] && [ "${RESULT_CACHED[enforcer]}" = false ]; then
+  check_hook "${RESULT_REF[enforcer]}" "$HOOK_BINARY"
+fi
 
 # intermediate build stages (unnamed images) and what the old tags left
 "${B[@]}" rmi --prune >/dev/null 2>&1 || true
@@ -362,11 +410,11 @@ entry() { # entry NAME -> its JSON object
   printf '  "registry": %s,\n  "storage_driver": %s,\n  "images": {\n' "$(json_str "$REGISTRY")" "$(json_str "$DRIVER")"
   sep=""
   for n in "${ORDER[@]}"; do
-    [ "$n" != uv ] || continue
+    [ "$n" != uv ] && [ "$n" != go ] || continue
     printf '%s    %s' "$sep" "$(entry "$n")"
     sep=$',\n'
   done
-  printf '\n  },\n  "build_images": {\n    %s\n  }\n}\n' "$(entry uv)"
+  printf '\n  },\n  "build_images": {\n    %s,\n    %s\n  }\n}\n' "$(entry uv)" "$(entry go)"
 } > "$MANIFEST.tmp"
 mv "$MANIFEST.tmp" "$MANIFEST"
 log "done in $(( SECONDS - START ))s: ${#ORDER[@]} images; import with: ctr -n k8s.io images import ARCHIVE"

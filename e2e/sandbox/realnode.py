@@ -7,8 +7,8 @@ joined to the sandbox's control plane (DESIGN.md section 5, tier 4; docs/real-no
 Several nodes share one machine without colliding because each runs in a mount namespace of its
 own, where the node's directories lie over /var/lib, /var/log, /run and /opt: the kubelet,
 containerd, runc and hostPath volumes see the standard paths (/var/lib/kubelet, /run/containerd,
-/var/run/cdi, /var/log/pods, /var/lib/gpuslice, /opt/gpuslice, ...), so the chart's defaults
-work on every node.
+/var/run/cdi, /var/log/pods, /var/lib/gpuslice with the enforcer's hook, ...), so the chart's
+defaults work on every node.
 The machine-wide resources a node takes (cgroups, bridge, pod subnet) come from a slot
 (nodehost.py). The kubelet runs with ``--cloud-provider=external``: it leaves the Node's addresses
 to us, and we set the single address InternalIP 127.0.0.1 (a kubelet refuses a loopback
@@ -51,7 +51,7 @@ LABELS = {"nvidia.com/gpu.present": "true", REAL_LABEL: "real"}
 INTERNAL_IP = {"type": "InternalIP", "address": "127.0.0.1"}
 CLOUD_TAINT = "node.cloudprovider.kubernetes.io/uninitialized"
 # The node's directories laid over these paths inside its mount namespace.
-# /opt too: hostPaths outside the three, like the enforcer hook's default /opt/gpuslice
+# /opt too: hostPaths outside the three, like the enforcer hook's /opt/gpuslice of earlier charts
 OVERLAID = ("/var/lib", "/var/log", "/run", "/opt")
 _ENV_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 

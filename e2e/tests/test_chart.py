@@ -4,7 +4,7 @@ Without a cluster: `helm lint` (also --strict), `helm template` for every suppor
 minor and both NVML backends, the schema refusing typos, every container's environment checked
 against the service's own CLI (each flag set through its variable, each value accepted), the
 DeviceClasses and MIG layouts equal to e2e/manifests/, and the node-setup script (fake NVML
-config, the self-contained CDI hook, the enforcer's socket link) run for real.
+config, the static CDI hook, the enforcer's socket link) run for real.
 
 Against the sandbox's real API server: every rendered object applied with a server-side dry run
 (strict field validation), the DeviceClasses created for real in every resource.k8s.io version
@@ -15,7 +15,6 @@ policies allow exactly the calls the services make, from their own node only.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import re
@@ -44,6 +43,7 @@ from gpuslice_kube.raw import RawApi, resource_path
 from gpuslice_kubelet_plugin.cli import build_parser as kubelet_plugin_parser
 from gpuslice_mig_manager.cli import build_parser as mig_manager_parser
 from gpuslice_nvml.fake import FakeNvml
+from gpuslice_testkit.enforcer import go_hook, hook_missing
 
 pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
 
@@ -493,8 +493,8 @@ def test_grafana_dashboard_is_off_by_default_and_queries_the_controllers_metrics
     dashboard = json.loads(config["data"]["gpuslice-gpus.json"])
     exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
     used = {m for e in exprs for m in re.findall(r"gpuslice_[a-z_]+", e)}
-    # what gpuslice_controller.viewmetrics exposes (a counter's family name gains _total)
-    source = (REPO_ROOT / "services/controller/src/gpuslice_controller/viewmetrics.py").read_text()
+    # what gpuslice_controller.view.metrics exposes (a counter's family name gains _total)
+    source = (REPO_ROOT / "services/controller/src/gpuslice_controller/view/metrics.py").read_text()
     exposed = set(re.findall(r'"(gpuslice_[a-z_]+)"', source))
     exposed |= {f"{name}_total" for name in exposed}
     assert used and used <= exposed, used - exposed
@@ -622,7 +622,7 @@ def test_every_flag_is_set_through_its_variable_and_accepted_by_the_service(
         if name == "enforcer":
             assert args.socket == f"/var/run/gpuslice/enforcer-{pod_uid}.sock"
             assert args.hook_socket == "/var/run/gpuslice/enforcer.sock"
-            assert args.hook_path == "/opt/gpuslice/bin/gpuslice-enforcer-hook"
+            assert args.hook_path == "/var/lib/gpuslice/hook/bin/gpuslice-enforcer-hook"
         if name == "mig-manager":
             assert args.config_map == "gpuslice/gpuslice-mig-parted-config"
             assert args.socket == f"/var/run/gpuslice/mig-manager-{pod_uid}.sock"
@@ -807,66 +807,146 @@ def test_fake_node_config_is_what_the_fake_nvml_accepts(helm_bin: Path, tmp_path
     assert not uuids[0] & uuids[1], "two nodes got the same GPU UUIDs"
 
 
-def _stand_in_enforcer(packages: Path, version: str) -> None:
-    hook = packages / "gpuslice_enforcer"
-    hook.mkdir(parents=True, exist_ok=True)
-    (hook / "__init__.py").write_text("")
-    (hook / "hook.py").write_text(
-        "import json, sys\n"
-        "def main():\n"
-        "    print(json.dumps({'argv': sys.argv[1:], 'stdin': sys.stdin.read(),"
-        " 'prefix': sys.prefix, 'version': " + repr(version) + "}))\n"
-        "    return 0\n"
+@pytest.fixture(scope="module")
+def static_hook() -> Path:
+    """The static hook the enforcer image holds (hack/hook-binary.sh builds the same bytes)."""
+    reason = hook_missing("go")
+    if reason:
+        pytest.skip(reason)
+    return go_hook()
+
+
+def _installed_runs(wrapper: Path) -> None:
+    """The installed hook runs from an empty environment: a bad OCI state is refused (exit 2),
+    which needs the whole program and no enforcer."""
+    ran = subprocess.run(
+        [str(wrapper), "attach", "--socket", "/nonexistent.sock", "--claim-uid", "c1"],
+        input='{"ociVersion": "1.0.2", "pid": 4242}',
+        env={},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
-    record = packages / "gpuslice_enforcer-0.1.0.dist-info" / "RECORD"
-    record.parent.mkdir(exist_ok=True)
-    record.write_text(
-        f"gpuslice_enforcer/hook.py,sha256={hashlib.sha256(version.encode()).hexdigest()}\n"
+    assert (ran.returncode, ran.stderr) == (
+        2,
+        "gpuslice-enforcer-hook: the OCI state has no container id\n",
     )
 
 
-def test_node_setup_installs_a_self_contained_hook(tmp_path: Path) -> None:
-    """The hook runs on the host from a copy of the image's Python: here a stand-in package in
-    a copy of this interpreter, started with an empty environment."""
-    packages, install = tmp_path / "site-packages", tmp_path / "host" / "opt-gpuslice"
+def test_node_setup_installs_the_static_hook(static_hook: Path, tmp_path: Path) -> None:
+    """One file, atomically replaced; nothing of the image's Python reaches the host. A hook that
+    runs while it is replaced finishes with the file it started from."""
+    install = tmp_path / "host" / "var-lib-gpuslice-hook"
+    env = {"HOOK_BINARY": str(static_hook), "HOOK_INSTALL_DIR": str(install)}
+    env["HOOK_HOST_DIR"] = "/var/lib/gpuslice/hook"
+    out = run_setup(env)
+    assert out.returncode == 0, out.stderr
+    installed = install / "bin" / "gpuslice-enforcer-hook"
+    assert "/var/lib/gpuslice/hook/bin/gpuslice-enforcer-hook is now the static hook" in out.stderr
+    assert installed.read_bytes() == static_hook.read_bytes()
+    assert installed.stat().st_mode & 0o777 == 0o755
+    assert sorted(p.relative_to(install).as_posix() for p in install.rglob("*")) == [
+        "bin",
+        "bin/gpuslice-enforcer-hook",
+    ]
+    _installed_runs(installed)
+    first = installed.stat().st_ino
+    assert "is the static hook" in run_setup(env).stderr  # already there: left alone
+    assert installed.stat().st_ino == first
+
+    # a new release while a hook runs (it waits for an enforcer that is not there)
+    running = subprocess.Popen(
+        [str(installed), "detach", "--socket", str(tmp_path / "e.sock"), "--claim-uid", "c"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    newer = tmp_path / "newer"
+    newer.write_bytes(static_hook.read_bytes() + b"\0release two")  # still the same program
+    before = installed.stat().st_ino
+    out = run_setup({**env, "HOOK_BINARY": str(newer)})
+    assert out.returncode == 0, out.stderr
+    assert installed.stat().st_ino != before and installed.read_bytes() == newer.read_bytes()
+    _, stderr = running.communicate('{"id": "c"}', timeout=30)
+    assert running.returncode == 1 and "UNAVAILABLE: no enforcer listened on" in stderr
+    assert [p.name for p in (install / "bin").iterdir()] == ["gpuslice-enforcer-hook"]
+
+
+def test_node_setup_replaces_the_python_hook_of_an_earlier_chart(
+    static_hook: Path, tmp_path: Path
+) -> None:
+    """Earlier charts installed a wrapper and copies of the image's Python (releases/): the
+    wrapper becomes the static hook (CDI specs written before name its path), the release it ran
+    stays for a grace period, the others go at once, that one at the first install after it."""
+    install = tmp_path / "opt-gpuslice"
+    (install / "bin").mkdir(parents=True)
+    for release in ("aaaa1111", "bbbb2222"):
+        (install / "releases" / release / "python" / "bin").mkdir(parents=True)
+    wrapper = install / "bin" / "gpuslice-enforcer-hook"
+    wrapper.write_text("#!/bin/sh\nR='/opt/gpuslice/releases/bbbb2222'\nexec \"$R/python\"\n")
     env = {
-        "HOOK_SITE_PACKAGES": str(packages),
+        "HOOK_BINARY": str(static_hook),
         "HOOK_INSTALL_DIR": str(install),
-        "HOOK_HOST_DIR": str(install),
+        "HOOK_HOST_DIR": "/opt/gpuslice",
     }
-    try:
-        _install_three_releases(env, packages, install)
-    finally:
-        shutil.rmtree(install, ignore_errors=True)  # ~100 MB per release
+    out = run_setup(env)
+    assert out.returncode == 0, out.stderr
+    assert wrapper.read_bytes() == static_hook.read_bytes()
+    assert [p.name for p in (install / "releases").iterdir()] == ["bbbb2222"]
+    assert "removed the Python hook release aaaa1111" in out.stderr
+    previous = install / "bin" / ".previous-release"
+    assert previous.read_text() == "bbbb2222\n"
+    assert run_setup(env).returncode == 0  # within the grace: kept
+    assert [p.name for p in (install / "releases").iterdir()] == ["bbbb2222"]
+    os.utime(previous, (0, 0))  # the grace is over
+    out = run_setup(env)
+    assert out.returncode == 0, out.stderr
+    assert sorted(p.name for p in install.iterdir()) == ["bin"]
+    assert [p.name for p in (install / "bin").iterdir()] == ["gpuslice-enforcer-hook"]
 
 
-def _install_three_releases(env: dict[str, str], packages: Path, install: Path) -> None:
-    releases = []
-    for version in ("one", "two", "three"):
-        _stand_in_enforcer(packages, version)
-        out = run_setup(env)
-        assert out.returncode == 0, out.stderr
-        wrapper = install / "bin" / "gpuslice-enforcer-hook"
-        state = '{"ociVersion": "1.0.2", "pid": 4242}'
-        ran = subprocess.run(
-            [str(wrapper), "attach", "--claim-uid", "c1"],
-            input=state,
-            env={},
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert ran.returncode == 0, ran.stderr
-        result = json.loads(ran.stdout)
-        assert result["argv"] == ["attach", "--claim-uid", "c1"]
-        assert result["stdin"] == state and result["version"] == version
-        assert result["prefix"].startswith(str(install / "releases"))
-        releases.append(Path(result["prefix"]).parent.name)
-    again = run_setup(env)
-    assert "already installed" in again.stderr
-    # the current and the previous release are kept, older ones removed
-    assert sorted(p.name for p in (install / "releases").iterdir()) == sorted(releases[1:])
+def test_node_setup_refuses_what_is_not_the_static_hook(tmp_path: Path) -> None:
+    script = tmp_path / "gpuslice-enforcer-hook"
+    script.write_text("#!/usr/bin/env python3\n")
+    env = {"HOOK_BINARY": str(script), "HOOK_INSTALL_DIR": str(tmp_path / "h")}
+    out = run_setup({**env, "HOOK_HOST_DIR": "/var/lib/gpuslice/hook"})
+    assert out.returncode == 1
+    assert "is not the static hook binary" in out.stderr
+    assert not (tmp_path / "h").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a noexec file system needs root")
+def test_node_setup_says_so_where_the_hook_cannot_be_executed(
+    static_hook: Path, tmp_path: Path
+) -> None:
+    """A hostDir on a noexec file system (Container-Optimized OS's /var) would fail every
+    container with a share; node-setup stops instead, naming the cause."""
+    install = tmp_path / "noexec"
+    install.mkdir()
+    script = (
+        f"mount -t tmpfs -o noexec,size=16m tmpfs {install} && exec {sys.executable} {NODE_SETUP}"
+    )
+    out = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        env={
+            "PATH": os.environ.get("PATH", ""),
+            "HOOK_BINARY": str(static_hook),
+            "HOOK_INSTALL_DIR": str(install),
+            "HOOK_HOST_DIR": "/var/lib/gpuslice/hook",
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 1, out.stderr
+    assert (
+        "/var/lib/gpuslice/hook/bin/gpuslice-enforcer-hook cannot be run (Permission denied)"
+        in (out.stderr)
+    )
+    assert "mounted noexec" in out.stderr
 
 
 @contextlib.contextmanager

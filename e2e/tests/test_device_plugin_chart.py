@@ -79,6 +79,9 @@ def test_named_configs_and_the_enforcer_sidecar(
     assert spec["hostPID"] is True
     byname = containers(objs, "device-plugin")
     assert [c["name"] for c in spec["initContainers"]] == ["node-setup", "enforcer"]
+    # the static hook is copied to the host from the enforcer's image
+    assert byname["node-setup"]["image"] == byname["enforcer"]["image"]
+    assert env_of(byname["node-setup"])["HOOK_INSTALL_DIR"] == "/host-hook"
     assert byname["enforcer"]["restartPolicy"] == "Always"
     plugin = parse(device_plugin_parser, env_of(byname["device-plugin"]), monkeypatch)
     enforcer = parse(enforcer_parser, env_of(byname["enforcer"]), monkeypatch)

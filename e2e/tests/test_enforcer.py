@@ -28,8 +28,10 @@ from gpuslice_testkit.enforcer import (
     EnforcerProcess,
     Workload,
     cgroup2_root,
+    hook_missing,
     remove_tree,
     run_hook,
+    run_hook_command,
     share_request,
     short_tempdir,
 )
@@ -86,8 +88,10 @@ def workloads() -> Iterator[list[Workload]]:
         workload.stop()
 
 
-def _start(config: Path, enforcers: list[EnforcerProcess], *args: str) -> EnforcerProcess:
-    proc = EnforcerProcess(config, config.parent, list(args)).start()
+def _start(
+    config: Path, enforcers: list[EnforcerProcess], *args: str, hook: str = "python"
+) -> EnforcerProcess:
+    proc = EnforcerProcess(config, config.parent, list(args), hook=hook).start()
     enforcers.append(proc)
     return proc
 
@@ -203,9 +207,10 @@ def test_hook_blocks_until_the_limit_is_set_and_one_byte_past_it_is_refused(
     enforcers: list[EnforcerProcess],
     cgroups: Cgroups,
     workloads: list[Workload],
+    hook_kind: str,
 ) -> None:
     config = make_node("615.20.01")
-    proc = _start(config, enforcers, "--mps=off")
+    proc = _start(config, enforcers, "--mps=off", hook=hook_kind)
     fake = FakeNvml.from_config_file(config)
     limit = 256 * MIB + 3
     with proc.channel() as channel:
@@ -257,9 +262,10 @@ def test_hook_fails_the_container_when_the_limit_cannot_be_set(
     enforcers: list[EnforcerProcess],
     cgroups: Cgroups,
     workloads: list[Workload],
+    hook_kind: str,
 ) -> None:
     config = make_node("615.20.01")
-    proc = _start(config, enforcers, "--mps=off", "--hook-timeout=2")
+    proc = _start(config, enforcers, "--mps=off", "--hook-timeout=2", hook=hook_kind)
     fake = FakeNvml.from_config_file(config)
     with proc.channel() as channel:
         reply = proc.stub(channel).CreateShare(share_request("uid-f", fake.gpu(0).uuid))
@@ -286,13 +292,14 @@ def test_hook_fails_the_container_when_the_limit_cannot_be_set(
 
 @needs_root
 @pytest.mark.timeout(60)
-def test_the_hook_attaches_through_grpc_when_the_enforcer_has_no_attach_socket(
+def test_the_python_hook_attaches_through_grpc_when_the_enforcer_has_no_attach_socket(
     make_node: Callable[[str], Path],
     enforcers: list[EnforcerProcess],
     cgroups: Cgroups,
     workloads: list[Workload],
 ) -> None:
-    """An enforcer older than the hook serves only gRPC: the hook falls back to it."""
+    """An enforcer older than the attach socket serves only gRPC: the Python hook falls back to
+    it (the static hook does not; see the next test)."""
     config = make_node("570.158.01")
     proc = _start(config, enforcers, "--mps=off")
     fake = FakeNvml.from_config_file(config)
@@ -323,6 +330,34 @@ def test_the_hook_attaches_through_grpc_when_the_enforcer_has_no_attach_socket(
     assert not attach_socket.exists()
 
 
+@pytest.mark.timeout(60)
+def test_the_static_hook_says_why_an_enforcer_without_attach_socket_is_out_of_reach(
+    make_node: Callable[[str], Path], enforcers: list[EnforcerProcess]
+) -> None:
+    """It does not speak gRPC: it waits for an attach socket until its timeout, then fails the
+    container, naming the cause (docs/enforcer.md, "The CDI hook")."""
+    if hook_missing("go"):
+        pytest.skip(hook_missing("go") or "")
+    config = make_node("570.158.01")
+    proc = _start(config, enforcers, "--mps=off", "--hook-timeout=1", hook="go")
+    fake = FakeNvml.from_config_file(config)
+    with proc.channel() as channel:
+        reply = proc.stub(channel).CreateShare(share_request("uid-old", fake.gpu(0).uuid))
+    attach_socket = proc.socket.with_name(proc.socket.name + ".attach")
+    attach_socket.unlink()
+    attach = next(h for h in reply.container_edits.hooks if h.hook_name == "createContainer")
+    started = time.monotonic()
+    ran = run_hook_command("go", attach.args[1:], _oci_state("ctr-old", os.getpid()))
+    assert 0.9 < time.monotonic() - started < 4  # --hook-timeout=1
+    assert ran.returncode == 1
+    assert ran.stderr == (
+        f"gpuslice-enforcer-hook: attach ctr-old of claim uid-old failed: UNAVAILABLE: no "
+        f"enforcer listened on {attach_socket} (No such file or directory) until the timeout; "
+        f"{proc.socket} has no attach socket beside it: an enforcer that old is reached only "
+        "through gRPC, which this hook does not speak\n"
+    )
+
+
 @needs_root
 @pytest.mark.timeout(60)
 def test_a_restart_keeps_every_share_and_never_interrupts_workloads(
@@ -330,9 +365,10 @@ def test_a_restart_keeps_every_share_and_never_interrupts_workloads(
     enforcers: list[EnforcerProcess],
     cgroups: Cgroups,
     workloads: list[Workload],
+    hook_kind: str,
 ) -> None:
     config = make_node("570.158.01")
-    proc = _start(config, enforcers, "--mps=off")
+    proc = _start(config, enforcers, "--mps=off", hook=hook_kind)
     fake, control = FakeNvml.from_config_file(config), FakeNvmlControl.from_config_file(config)
     uuids = [fake.gpu(0).uuid, fake.gpu(1).uuid]
     requests = [

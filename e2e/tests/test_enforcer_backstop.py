@@ -84,8 +84,9 @@ def workloads() -> Iterator[list[Workload]]:
 def enforcer(node: Path, workdir: Path) -> Iterator[Callable[..., EnforcerProcess]]:
     started: list[EnforcerProcess] = []
 
-    def start(*args: str) -> EnforcerProcess:
-        proc = EnforcerProcess(node, workdir, list(args)).start()
+    def start(*args: str, hook: str = "python") -> EnforcerProcess:
+        """``hook``: the hook kind the share's edits name (test_enforcer.py tests both)."""
+        proc = EnforcerProcess(node, workdir, list(args), hook=hook).start()
         started.append(proc)
         return proc
 
@@ -180,8 +181,8 @@ def test_with_the_mode_left_alone_mps_is_soft_and_a_bypassing_process_is_killed(
         assert fake.compute_mode(0) is ComputeMode.DEFAULT
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as page:
             metrics = page.read().decode()
-        assert 'gpuslice_enforcer_share_level{claim="claim-uid-b",claim_uid="uid-b"' in metrics
-        assert 'level="soft",namespace="default"} 1.0' in metrics
+        assert 'gpuslice_enforcer_share_level{claim_uid="uid-b",level="soft"} 1.0' in metrics
+        assert "claim-uid-b" not in metrics, "the claim's name is tenant data (issue 27)"
         violations, stop_watch = watch_violations(channel)
 
         # The legitimate client and the bypasser share one container (one cgroup): freezing
@@ -219,9 +220,10 @@ def test_a_bypassing_process_over_the_memory_limit_is_killed(
     enforcer: Callable[..., EnforcerProcess],
     cgroups: Cgroups,
     workloads: list[Workload],
+    hook_kind: str,
 ) -> None:
     fake = FakeNvml.from_config_file(node)
-    proc = enforcer("--compute-mode=leave", "--sm-action=report")  # kept alive for SM
+    proc = enforcer("--compute-mode=leave", "--sm-action=report", hook=hook_kind)  # SM: kept
     with proc.channel() as channel:
         stub = proc.stub(channel)
         reply = stub.CreateShare(

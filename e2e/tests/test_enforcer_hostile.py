@@ -1,7 +1,8 @@
 """The enforcer under hostile and broken clients (issue 27): each probe that stalled, fooled or
 exhausted it is a test here, against a real ``gpuslice-enforcer`` process (fake NVML, real
-sockets, processes and cgroups). The CDI hook runs as the chart installs it (``python -s -S``
-with the packages under test), so the hook of this tree is the one tested.
+sockets, processes and cgroups). The CDI hook runs as runc runs it, each hook in turn
+(``hook_kind``): the static binary the chart installs, built from this tree, and the Python hook
+with this tree's packages (``python -s -S``, as the chart installed it before).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import signal
 import socket
 import stat
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -35,6 +35,7 @@ from gpuslice_testkit.enforcer import (
     Workload,
     cgroup2_root,
     remove_tree,
+    run_hook_command,
     share_request,
     short_tempdir,
 )
@@ -42,7 +43,6 @@ from gpuslice_testkit.enforcer import (
 NODE = 'name: hostile\ndriverVersion: "570.158.01"\nstatePath: state.json\ngpus:\n  - model: L4\n'
 DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED = 4, 8
 TICK = os.sysconf("SC_CLK_TCK")
-HOOK_MAIN = "import sys; from gpuslice_enforcer.hook import main; sys.exit(main())"
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for cgroups")
 
 
@@ -87,19 +87,11 @@ def _attach_socket(proc: EnforcerProcess) -> Path:
 
 
 def _run_hook(
-    reply: pb.CreateShareResponse, name: str, container_id: str, pid: int
+    kind: str, reply: pb.CreateShareResponse, name: str, container_id: str, pid: int
 ) -> subprocess.CompletedProcess[str]:
-    """The share's hook ``name`` as the chart installs it, with this tree's packages."""
+    """The share's hook ``name``, of ``kind``, as runc runs it."""
     args = next(h for h in reply.container_edits.hooks if h.hook_name == name).args
-    return subprocess.run(
-        [sys.executable, "-s", "-S", "-c", HOOK_MAIN, *args[1:]],
-        input=json.dumps({"id": container_id, "pid": pid}),
-        env={"PYTHONPATH": os.pathsep.join(p for p in sys.path if p and Path(p).is_dir())},
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    return run_hook_command(kind, args[1:], {"id": container_id, "pid": pid})
 
 
 def _stuck(path: Path) -> socket.socket:
@@ -135,7 +127,7 @@ def _containers(proc: EnforcerProcess) -> dict[str, object]:
 @needs_root
 @pytest.mark.timeout(40)
 def test_stuck_and_dripping_clients_never_delay_a_valid_hook(
-    workdir: Path, enforcers: list[EnforcerProcess], cgroups: Cgroups
+    workdir: Path, enforcers: list[EnforcerProcess], cgroups: Cgroups, hook_kind: str
 ) -> None:
     proc = _start(workdir, enforcers)
     reply = _share(proc)
@@ -153,7 +145,7 @@ def test_stuck_and_dripping_clients_never_delay_a_valid_hook(
         dripper = threading.Thread(target=drip)
         dripper.start()
         started = time.monotonic()
-        ran = _run_hook(reply, "createContainer", "ctr-valid", workload.pid)
+        ran = _run_hook(hook_kind, reply, "createContainer", "ctr-valid", workload.pid)
         took = time.monotonic() - started
         assert ran.returncode == 0, ran.stderr
         assert took < 3, f"the hook took {took:.1f} s"  # was 10 s and a failed container
@@ -170,7 +162,9 @@ def test_stuck_and_dripping_clients_never_delay_a_valid_hook(
 
 
 @pytest.mark.timeout(40)
-def test_the_hook_waits_out_a_full_backlog(workdir: Path, enforcers: list[EnforcerProcess]) -> None:
+def test_the_hook_waits_out_a_full_backlog(
+    workdir: Path, enforcers: list[EnforcerProcess], hook_kind: str
+) -> None:
     proc = _start(workdir, enforcers)
     reply = _share(proc)
     fillers: list[socket.socket] = []
@@ -187,7 +181,7 @@ def test_the_hook_waits_out_a_full_backlog(workdir: Path, enforcers: list[Enforc
                 break
             fillers.append(filler)
         detach = threading.Thread(
-            target=lambda: outcome.append(_run_hook(reply, "poststop", "ctr-b", 0))
+            target=lambda: outcome.append(_run_hook(hook_kind, reply, "poststop", "ctr-b", 0))
         )
         detach.start()
         time.sleep(1.5)
@@ -203,7 +197,7 @@ def test_the_hook_waits_out_a_full_backlog(workdir: Path, enforcers: list[Enforc
 
 @pytest.mark.timeout(40)
 def test_out_of_descriptors_the_accept_loop_backs_off_and_recovers(
-    workdir: Path, enforcers: list[EnforcerProcess]
+    workdir: Path, enforcers: list[EnforcerProcess], hook_kind: str
 ) -> None:
     # No share yet: the watchdog samples nothing, so what the log holds is the accept loop's.
     proc = _start(workdir, enforcers, "--log-level=info")
@@ -223,7 +217,7 @@ def test_out_of_descriptors_the_accept_loop_backs_off_and_recovers(
         resource.prlimit(proc.pid, resource.RLIMIT_NOFILE, (soft, hard))
         for conn in clients:
             conn.close()
-    ran = _run_hook(_share(proc), "poststop", "ctr-fd", 0)
+    ran = _run_hook(hook_kind, _share(proc), "poststop", "ctr-fd", 0)
     assert ran.returncode == 0, ran.stderr
 
 

@@ -83,8 +83,9 @@ def workloads() -> Iterator[list[Workload]]:
 def enforcer(node: Path, workdir: Path) -> Iterator[Callable[..., EnforcerProcess]]:
     started: list[EnforcerProcess] = []
 
-    def start(*args: str) -> EnforcerProcess:
-        proc = EnforcerProcess(node, workdir, ["--mps=off", *args]).start()
+    def start(*args: str, hook: str = "python") -> EnforcerProcess:
+        """``hook``: the hook kind the share's edits name (test_enforcer.py tests both)."""
+        proc = EnforcerProcess(node, workdir, ["--mps=off", *args], hook=hook).start()
         started.append(proc)
         return proc
 
@@ -211,8 +212,9 @@ def test_watchdog_kills_a_process_over_its_memory_limit_within_two_periods(
     enforcer: Callable[..., EnforcerProcess],
     cgroups: Cgroups,
     workloads: list[Workload],
+    hook_kind: str,
 ) -> None:
-    proc = enforcer()
+    proc = enforcer(hook=hook_kind)
     fake = FakeNvml.from_config_file(node)
     with proc.channel() as channel:
         stub = proc.stub(channel)

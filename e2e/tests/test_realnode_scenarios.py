@@ -5,8 +5,9 @@ shared sandbox), three real nodes (containerd + kubelet + runc each, e2e/sandbox
 two for DRA, one labelled gpuslice.dev/mode=device-plugin) with every image of hack/images.sh
 imported, and `helm install` of charts/gpuslice with the fake NVML node of
 e2e/scenarios/nodes.py: the node DaemonSet runs from our images with the chart's RBAC and
-hostPath mounts, the plugin registers with the real kubelet, and `helm test` passes. Then the
-scenarios of e2e/scenarios/user.py, the same code kind runs (hack/e2e-kind.sh).
+hostPath mounts, node-setup installs the enforcer's static CDI hook (which runc then runs for
+every shared container), the plugin registers with the real kubelet, and `helm test` passes.
+Then the scenarios of e2e/scenarios/user.py, the same code kind runs (hack/e2e-kind.sh).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from e2e.scenarios.nodes import chart_values
 from e2e.scenarios.user import SCENARIOS
 from gpuslice_kube.client import new_api_client
 from gpuslice_kube.raw import resource_path
+from gpuslice_testkit.enforcer import go_hook
 
 pytest_plugins = ("e2e.sandbox.realnode_fixtures",)
 pytestmark = pytest.mark.timeout(420)  # dynamic_mig: a rolling helm upgrade, 80-160 s here
@@ -37,6 +39,7 @@ pytestmark = pytest.mark.timeout(420)  # dynamic_mig: a rolling helm upgrade, 80
 NODES = ("gpu-real-0", "gpu-real-1")  # DRA
 DEVICE_PLUGIN_NODES = ("gpu-real-dp",)  # gpuslice.dev/mode=device-plugin
 SERVICES = ("kubelet-plugin", "enforcer", "mig-manager")
+HOOK_DIR = "/var/lib/gpuslice/hook"  # the chart's enforcer.hook.hostDir
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +136,15 @@ def test_chart_runs_from_our_images_on_real_kubelets(
         )["items"]
         devices = sorted(d["name"] for s in slices for d in s["spec"].get("devices") or [])
         assert devices[:3] == ["gpu-0", "gpu-1", "gpu-2"], devices
+        # node-setup put the enforcer image's static hook on the node, and nothing else: no
+        # Python (runc runs it for every shared container: the scenarios)
+        hook_dir = nodes[node].host_path(HOOK_DIR)
+        assert sorted(p.relative_to(hook_dir).as_posix() for p in hook_dir.rglob("*")) == [
+            "bin",
+            "bin/gpuslice-enforcer-hook",
+        ]
+        assert (hook_dir / "bin" / "gpuslice-enforcer-hook").read_bytes() == go_hook().read_bytes()
+        assert not nodes[node].host_path("/opt/gpuslice").exists()
     # the controller runs from its image, every replica ready (its webhooks: the scenarios)
     controllers = cluster.kube.list(
         resource_path("v1", "pods", namespace=installed.namespace),

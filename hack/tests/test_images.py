@@ -11,6 +11,7 @@ the image; the Python base has what e2e workload pods use.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -23,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from gpuslice_testkit.enforcer import go_hook, hook_missing
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "hack" / "images.sh"
@@ -38,6 +41,9 @@ UPSTREAM = {
     "PYTHON_IMAGE": f"python:{PYTHON_MINOR.group(1) if PYTHON_MINOR else '?'}-slim",
     "UV_IMAGE": f"ghcr.io/astral-sh/uv:{UV_VERSION.group(1) if UV_VERSION else '?'}",
 }
+#: The Go stage's base, where a Dockerfile builds a Go program (the enforcer's static hook).
+GO_IMAGE = re.compile(r"golang:1\.(\d+)-bookworm")
+HOOK_MODULE = ROOT / "services" / "enforcer" / "hook" / "go.mod"
 
 
 def _instructions(dockerfile: Path) -> list[str]:
@@ -53,11 +59,18 @@ def test_base_images_are_build_args_defaulting_to_the_upstream_images(dockerfile
     global_args = dict(
         s.removeprefix("ARG ").split("=", 1) for s in steps[:first_from] if s.startswith("ARG ")
     )
-    # docker build without --build-arg gets exactly the images it got before
+    # docker build without --build-arg gets exactly the images it got before; a Go stage's base
+    # is the Debian (bookworm) golang image of a Go at least as new as its module asks for
+    go_image = global_args.pop("GO_IMAGE", None)
     assert global_args == UPSTREAM
+    if go_image is not None:
+        match = GO_IMAGE.fullmatch(go_image)
+        wanted = re.search(r"^go 1\.(\d+)", HOOK_MODULE.read_text(), re.MULTILINE)
+        assert match and wanted and int(match.group(1)) >= int(wanted.group(1)), go_image
     # every stage starts from one of them: no image name is hard-coded anywhere else
     froms = [s.split()[1] for s in steps if s.startswith("FROM ")]
-    assert set(froms) <= {"${PYTHON_IMAGE}", "${UV_IMAGE}"}, froms
+    bases = {"${PYTHON_IMAGE}", "${UV_IMAGE}"} | ({"${GO_IMAGE}"} if go_image else set())
+    assert set(froms) <= bases, froms
     assert froms[-1] == "${PYTHON_IMAGE}", "the final stage must run on the Python base"
     assert "FROM ${UV_IMAGE} AS uv" in steps
     assert "COPY --from=uv /uv /usr/local/bin/uv" in steps
@@ -254,6 +267,23 @@ def test_the_service_image_runs_its_console_script(
     image = manifest["images"][dockerfile.parent.name]
     out = _run_in(buildah, image, entrypoint.group(1), "--help")
     assert out.startswith(f"usage: {entrypoint.group(1)}")
+
+
+def test_the_enforcer_image_holds_the_static_hook_the_tests_run(
+    manifest: dict[str, Any], buildah: list[str]
+) -> None:
+    """hack/images.sh checks it at every build; here for the archive the manifest names now. The
+    Python hook's console script is not in the image: the static hook is its only hook."""
+    reason = hook_missing("go")
+    if reason:
+        pytest.skip(reason)
+    image = manifest["images"]["enforcer"]
+    script = "sha256sum /usr/local/bin/gpuslice-enforcer-hook; ls /opt/gpuslice/bin"
+    out = _run_in(buildah, image, "/bin/sh", "-c", script).split()
+    assert out[0] == hashlib.sha256(go_hook().read_bytes()).hexdigest()
+    assert "gpuslice-enforcer" in out and "gpuslice-enforcer-hook" not in out
+    usage = _run_in(buildah, image, "gpuslice-enforcer-hook", "--help")
+    assert usage.startswith("usage: gpuslice-enforcer-hook {attach,detach}")
 
 
 def test_the_python_base_serves_as_the_workload_image(

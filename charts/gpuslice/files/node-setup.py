@@ -10,16 +10,15 @@ does what the environment asks for, each step idempotent:
    (the ConfigMap's YAML, plus ``name: <NODE_NAME>`` when FAKE_NVML_SET_NAME is true, so every
    fake node gets its own GPU UUIDs), atomically.
 3. HOOK_INSTALL_DIR (the host directory as mounted here) and HOOK_HOST_DIR (the same directory
-   as the host sees it): installs ``gpuslice-enforcer-hook`` for the CDI createContainer hook
-   (docs/enforcer.md). The runtime runs the hook on the host, outside any container, so it
-   gets a self-contained copy of this image's Python -- interpreter, libpython, stdlib, the
-   image's site-packages and the shared libraries they load, except glibc's -- under
-   ``releases/<content digest>/``, and ``bin/gpuslice-enforcer-hook`` becomes a small shell
-   wrapper that runs ``gpuslice_enforcer.hook.main`` with it (``python -s -S -c``). The
-   wrapper is replaced atomically and the previous release is kept, so a hook that is running
-   during an upgrade finishes with the files it started with. Older releases are removed.
-   HOOK_SITE_PACKAGES names another site-packages to install from (the chart's tests use a
-   stand-in package).
+   as the host sees it): installs ``bin/gpuslice-enforcer-hook`` for the CDI createContainer
+   hook (docs/enforcer.md). The runtime runs the hook on the host, outside any container; it is
+   one static binary (Go, no libc), copied from the enforcer image (HOOK_BINARY, default
+   ``/usr/local/bin/gpuslice-enforcer-hook``), so nothing of the image's Python reaches the
+   host and the host's libc does not matter. It is replaced atomically (a hook that is running
+   finishes with the file it started from) and then run once (``--help``) from where it lies,
+   so a directory the runtime cannot execute from fails here, not at every container start.
+   The copy of the image's Python that earlier charts installed under ``releases/`` is removed
+   (the one the replaced wrapper named after a grace of ten minutes).
 
 With the arguments ``hook-socket claim`` (the enforcer container's postStart) it points the
 stable link ENFORCER_HOOK_SOCKET (``enforcer.sock``, the path the CDI hook calls) at this pod's
@@ -42,52 +41,28 @@ import shutil
 import socket
 import subprocess
 import sys
-import sysconfig
+import time
 from pathlib import Path
 
 # per-pod sockets, and the enforcer's attach socket beside its gRPC one (``….sock.attach``)
 SOCKET_PATTERN = re.compile(r"^(enforcer|mig-manager)-[0-9a-f-]{36}\.sock(\.attach)?$")
-STDLIB_SKIP = {
-    "site-packages",
-    "test",
-    "idlelib",
-    "tkinter",
-    "turtledemo",
-    "ensurepip",
-    "lib2to3",
-    "pydoc_data",
-}
-# Libraries of glibc: they must come from the host, never from the image.
-GLIBC = re.compile(
-    r"^(ld-linux[^/]*|libc|libm|libdl|libpthread|librt|libutil|libresolv|libnsl|libcrypt"
-    r"|libanl|libBrokenLocale|libmvec|libnss_[a-z]+|linux-vdso|linux-gate)\.so"
-)
 HOOK_NAME = "gpuslice-enforcer-hook"
-WRAPPER = """#!/bin/sh
-# {name}: installed by the gpuslice Helm chart (node-setup init container).
-# The CDI createContainer/poststop hook of the gpuslice enforcer (docs/enforcer.md). It runs
-# with a self-contained copy of the enforcer image's Python: release {release}.
-R='{root}'
-export LD_LIBRARY_PATH="$R/python/lib${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"
-export PYTHONHOME="$R/python"
-export PYTHONNOUSERSITE=1
-# named, not left to site.py: a distribution's Python (Debian's) looks for dist-packages
-export PYTHONPATH="$R/python/lib/{version}/site-packages"
-# -S: no site.py (PYTHONPATH names the packages); -c, not -m: runpy costs more than main()
-exec "$R/python/bin/python3" -s -S -c \\
-  'import sys; from gpuslice_enforcer.hook import main; sys.exit(main())' "$@"
-"""
+#: Where the enforcer image holds the static hook (services/enforcer/Dockerfile).
+HOOK_BINARY = "/usr/local/bin/gpuslice-enforcer-hook"
+#: How long the Python release of an earlier chart outlives the switch to the static hook.
+PYTHON_RELEASE_GRACE_S = 600
 
 
 def log(message: str) -> None:
     print(f"node-setup: {message}", file=sys.stderr, flush=True)
 
 
-def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+def write_atomic(path: Path, content: str | bytes, mode: int = 0o644) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("w") as out:
-        out.write(text)
+    data = content.encode() if isinstance(content, str) else content
+    with tmp.open("wb") as out:
+        out.write(data)
         out.flush()
         os.fsync(out.fileno())
     tmp.chmod(mode)
@@ -126,122 +101,86 @@ def write_fake_config(src: Path, dst: Path, node_name: str, set_name: bool) -> N
 
 
 # ---- 3. the enforcer's CDI hook ----------------------------------------------------------------
-def site_packages() -> Path:
-    return Path(os.environ.get("HOOK_SITE_PACKAGES") or sysconfig.get_paths()["purelib"])
-
-
-def release_id(packages: Path) -> str:
-    """A digest of the interpreter and of every installed distribution's RECORD (which lists
-    each file with its own hash): a new image gives a new release, the same image the same."""
-    digest = hashlib.sha256(sys.version.encode())
-    digest.update(Path(os.path.realpath(sys.executable)).read_bytes())
-    for record in sorted(packages.glob("*.dist-info/RECORD")):
-        digest.update(record.parent.name.encode())
-        digest.update(record.read_bytes())
-    for module in sorted(packages.glob("*.py")):
-        digest.update(module.read_bytes())
-    return digest.hexdigest()[:16]
-
-
-def _ignore_stdlib(directory: str, names: list[str]) -> set[str]:
-    here = Path(directory)
-    if here == Path(sysconfig.get_paths()["stdlib"]):
-        return {n for n in names if n in STDLIB_SKIP or n.startswith("config-")}
-    if here.name == "lib-dynload":  # Tk pulls in X11: never needed by the hook
-        return {n for n in names if n.startswith("_tkinter")}
-    return set()
-
-
-def shared_libraries(tree: Path) -> set[Path]:
-    """Libraries outside glibc that the ELF files under ``tree`` load, as ldd resolves them."""
-    if shutil.which("ldd") is None:
-        log("ldd not found: shared libraries of the image are not copied")
-        return set()
-    found: set[Path] = set()
-    for path in tree.rglob("*"):
-        if not path.is_file() or path.is_symlink():
-            continue
-        if not (path.name.endswith(".so") or ".so." in path.name or path.parent.name == "bin"):
-            continue
-        with path.open("rb") as f:
-            if f.read(4) != b"\x7fELF":
-                continue
-        out = subprocess.run(["ldd", str(path)], capture_output=True, text=True, check=False)
-        for line in out.stdout.splitlines():
-            match = re.match(r"\s*(\S+) => (/\S+) \(0x[0-9a-f]+\)", line)
-            if (
-                match
-                and not GLIBC.match(match.group(1))
-                and not match.group(2).startswith(str(tree))
-            ):
-                found.add(Path(match.group(2)))
-    return found
-
-
-def build_release(target: Path, packages: Path) -> None:
-    python = Path(os.path.realpath(sys.executable))
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    (target / "python" / "bin").mkdir(parents=True)
-    shutil.copy2(python, target / "python" / "bin" / version)
-    (target / "python" / "bin" / "python3").symlink_to(version)
-    lib = target / "python" / "lib"
-    shutil.copytree(stdlib, lib / version, symlinks=True, ignore=_ignore_stdlib)
-    shutil.copytree(packages, lib / version / "site-packages", symlinks=True)
-    if sysconfig.get_config_var("Py_ENABLE_SHARED"):
-        libdir = Path(str(sysconfig.get_config_var("LIBDIR")))
-        for so in libdir.glob(f"lib{version}*.so*"):
-            shutil.copy2(so, lib / so.name, follow_symlinks=False)
-    for dep in sorted(shared_libraries(target)):
-        if not (lib / dep.name).exists():
-            shutil.copy2(dep, lib / dep.name)
-
-
-def previous_release(wrapper: Path) -> str | None:
-    with contextlib.suppress(OSError):
-        match = re.search(r"^R='.*/releases/([0-9a-f]+)'$", wrapper.read_text(), re.MULTILINE)
+def python_release(installed: Path) -> str | None:
+    """The Python release an earlier chart's wrapper at ``installed`` runs, if it is one."""
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        match = re.search(r"^R='.*/releases/([0-9a-f]+)'$", installed.read_text(), re.MULTILINE)
         if match:
             return match.group(1)
     return None
 
 
-def install_hook(install_dir: Path, host_dir: str) -> None:
-    packages = site_packages()
-    if not (packages / "gpuslice_enforcer" / "hook.py").is_file():
-        raise SystemExit(
-            f"node-setup: {packages} has no gpuslice_enforcer/hook.py; the hook is installed "
-            "from the enforcer image"
-        )
-    rid = release_id(packages)
-    releases = install_dir / "releases"
-    release = releases / rid
-    if (release / ".complete").is_file():
-        log(f"hook release {rid} already installed")
-    else:
-        partial = releases / f".{rid}.partial-{os.getpid()}"
-        shutil.rmtree(partial, ignore_errors=True)
-        build_release(partial, packages)
-        (partial / ".complete").write_text(sys.version + "\n")
-        shutil.rmtree(release, ignore_errors=True)  # an incomplete one from a killed setup
-        partial.rename(release)
-        log(f"hook release {rid} installed under {host_dir}/releases/{rid}")
-    wrapper = install_dir / "bin" / HOOK_NAME
-    previous_file = install_dir / "bin" / ".previous-release"
-    previous = previous_release(wrapper)
-    if previous is not None and previous != rid:
-        write_atomic(previous_file, previous + "\n")
-    elif previous_file.is_file():
-        previous = previous_file.read_text().strip()
-    keep = {rid, previous}
-    root = f"{host_dir.rstrip('/')}/releases/{rid}"
-    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    text = WRAPPER.format(name=HOOK_NAME, release=rid, root=root, version=version)
-    write_atomic(wrapper, text, mode=0o755)
-    log(f"{host_dir.rstrip('/')}/bin/{HOOK_NAME} runs release {rid}")
-    for old in releases.iterdir():
-        if old.name not in keep:
+def prune_python_releases(install_dir: Path, replaced: str | None) -> None:
+    """Earlier charts installed a copy of the image's Python under ``releases/``. The release
+    whose wrapper was just replaced is kept for ``PYTHON_RELEASE_GRACE_S`` (a hook started
+    before the switch finishes with its files); every other one goes, and that one at the
+    first install after the grace."""
+    releases, marker = install_dir / "releases", install_dir / "bin" / ".previous-release"
+    if replaced is not None:
+        write_atomic(marker, replaced + "\n")
+    keep = None
+    if marker.is_file():
+        if time.time() - marker.stat().st_mtime < PYTHON_RELEASE_GRACE_S:
+            keep = marker.read_text().strip()
+        else:
+            marker.unlink()
+    if not releases.is_dir():
+        return
+    for old in sorted(releases.iterdir()):
+        if old.name != keep:
             shutil.rmtree(old, ignore_errors=True)
-            log(f"removed old hook release {old.name}")
+            log(f"removed the Python hook release {old.name} of an earlier chart")
+    if keep is None:
+        with contextlib.suppress(OSError):
+            releases.rmdir()
+
+
+def check_runs(installed: Path, host_path: str) -> None:
+    """Run the installed hook (``--help``) from where it lies: a directory the runtime cannot
+    execute from (a ``noexec`` file system) would fail every container with a share."""
+    try:
+        ran = subprocess.run(
+            [str(installed), "--help"], env={}, capture_output=True, text=True, timeout=30
+        )
+    except OSError as exc:
+        raise SystemExit(
+            f"node-setup: {host_path} cannot be run ({exc.strerror}): is its file system "
+            "mounted noexec? Set enforcer.hook.hostDir to a directory that the container "
+            "runtime may execute programs from"
+        ) from None
+    if ran.returncode != 0 or not ran.stdout.startswith(f"usage: {HOOK_NAME} "):
+        raise SystemExit(
+            f"node-setup: {host_path} --help exited {ran.returncode}: "
+            f"{(ran.stdout + ran.stderr).strip()[:500]}"
+        )
+
+
+def install_hook(install_dir: Path, host_dir: str, source: Path) -> None:
+    """``<install_dir>/bin/gpuslice-enforcer-hook`` becomes the image's static hook, replaced
+    atomically (rename): a hook that is running keeps the file it started from (the kernel
+    keeps the old inode while it runs), the next one starts the new file."""
+    data = source.read_bytes()
+    if data[:4] != b"\x7fELF":
+        raise SystemExit(
+            f"node-setup: {source} is not the static hook binary; the hook is installed from "
+            "the enforcer image"
+        )
+    digest = hashlib.sha256(data).hexdigest()[:16]
+    installed = install_dir / "bin" / HOOK_NAME
+    host_path = f"{host_dir.rstrip('/')}/bin/{HOOK_NAME}"
+    replaced = None
+    try:
+        current = installed.read_bytes()
+    except OSError:
+        current = None
+    if current == data and os.access(installed, os.X_OK):
+        log(f"{host_path} is the static hook {digest} already")
+    else:
+        replaced = python_release(installed)
+        write_atomic(installed, data, mode=0o755)
+        log(f"{host_path} is now the static hook {digest} ({len(data)} bytes, from {source})")
+    prune_python_releases(install_dir, replaced)
+    check_runs(installed, host_path)
 
 
 # ---- the enforcer's stable hook socket --------------------------------------------------------
@@ -290,7 +229,8 @@ def main(argv: list[str]) -> int:
                 env.get("FAKE_NVML_SET_NAME", "").lower() == "true",
             )
         if env.get("HOOK_INSTALL_DIR"):
-            install_hook(Path(env["HOOK_INSTALL_DIR"]), env["HOOK_HOST_DIR"])
+            source = Path(env.get("HOOK_BINARY") or HOOK_BINARY)
+            install_hook(Path(env["HOOK_INSTALL_DIR"]), env["HOOK_HOST_DIR"], source)
     except OSError as exc:
         log(f"failed: {exc}")
         return 1

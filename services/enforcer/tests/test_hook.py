@@ -1,5 +1,7 @@
 """The CDI hook's fast path: its hand-written protobuf, its command line, and the attach socket
-(a real unix socket served by ``AttachSocketServer``) with a stand-in servicer."""
+(a real unix socket served by ``AttachSocketServer``) with a stand-in servicer. The tests of the
+hook against the socket run each hook (``hook_kind``: the static Go binary and the Python hook)
+as runc runs it, and expect the same output from both."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import json
 import os
 import socket
 import stat
+import subprocess
 import sys
 import threading
 import time
@@ -23,6 +26,7 @@ from gpuslice_enforcer import hook
 from gpuslice_enforcer.attachsocket import AttachSocketServer, Throttled, attach_socket_for
 from gpuslice_enforcer.servicer import ContainersServicer
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
+from gpuslice_testkit.enforcer import run_hook_command
 
 CGROUP_LINES = [
     "12:freezer:/kubepods/besteffort/pod0b7e/cri-containerd-" + "a" * 64,
@@ -169,21 +173,63 @@ def _call(path: Path, message: bytes, method: int = wire.METHOD_ATTACH, within: 
     return hook.call(str(path), method, message, time.monotonic() + within)
 
 
-def test_attach_and_detach_through_the_socket(grpc_socket: Path) -> None:
+def _hook(
+    kind: str,
+    grpc_socket: Path,
+    action: str,
+    claim: str,
+    state: dict[str, object],
+    within: float = 5,
+) -> subprocess.CompletedProcess[str]:
+    """Hook ``kind`` as runc runs it: the command line of a share's edits, the OCI state."""
+    args = [action, "--socket", str(grpc_socket), "--claim-uid", claim, "--share-id", "sh"]
+    return run_hook_command(kind, [*args, "--timeout", str(within)], state)
+
+
+def _attach(kind: str, grpc_socket: Path, container: str = "ctr", within: float = 5) -> str:
+    """Attach ``container`` (this process) of claim ``known``: what the hook printed."""
+    ran = _hook(kind, grpc_socket, "attach", "known", {"id": container, "pid": os.getpid()}, within)
+    assert ran.returncode == 0, ran.stderr
+    return ran.stdout
+
+
+def _refused(ran: subprocess.CompletedProcess[str], container: str, claim: str = "known") -> str:
+    """The reason a hook gave for failing its call (exit 1)."""
+    assert ran.returncode == hook.EXIT_FAILED, (ran.stdout, ran.stderr)
+    said = f"gpuslice-enforcer-hook: attach {container} of claim {claim} failed: "
+    assert ran.stderr.startswith(said) and ran.stderr.endswith("\n"), ran.stderr
+    return ran.stderr[len(said) : -1]
+
+
+def test_attach_and_detach_through_the_socket(grpc_socket: Path, hook_kind: str) -> None:
     servicer = StandInServicer()
     server = AttachSocketServer(attach_socket_for(grpc_socket), servicer)
     server.start()
     try:
-        message = hook.attach_message("known", "sh", "ctr-1", 42, CGROUP_LINES)
-        text = _call(grpc_socket, message)
+        text = _attach(hook_kind, grpc_socket, "ctr-1")
         limits = "RESOURCE_MEMORY=MECHANISM_WATCHDOG"
-        assert text == f"attached ctr-1 ({limits}) cgroups ['/sys/fs/cgroup/x']"
-        assert list(servicer.requests[0].cgroup_lines) == CGROUP_LINES
-        with pytest.raises(hook.HookError, match="NOT_FOUND: no share for claim other"):
-            _call(grpc_socket, hook.attach_message("other", "", "ctr-2", 42, []))
-        assert _call(grpc_socket, hook.detach_message("known", "ctr-1"), wire.METHOD_DETACH) == (
-            "detached ctr-1"
+        assert text == f"attached ctr-1 ({limits}) cgroups ['/sys/fs/cgroup/x']\n"
+        request = servicer.requests[0]
+        assert (request.claim_uid, request.share_id, request.container_id) == (
+            "known",
+            "sh",
+            "ctr-1",
         )
+        assert request.pid == os.getpid()
+        assert list(request.cgroup_lines) == Path("/proc/self/cgroup").read_text().splitlines()
+        ran = _hook(hook_kind, grpc_socket, "attach", "other", {"id": "ctr-2", "pid": os.getpid()})
+        assert _refused(ran, "ctr-2", "other") == "NOT_FOUND: no share for claim other"
+        ran = _hook(hook_kind, grpc_socket, "detach", "known", {"id": "ctr-1"})
+        assert (ran.returncode, ran.stdout, ran.stderr) == (0, "detached ctr-1\n", "")
+    finally:
+        server.stop()
+    assert not attach_socket_for(grpc_socket).exists()
+
+
+def test_what_is_not_a_hook_request_is_refused(grpc_socket: Path) -> None:
+    server = AttachSocketServer(attach_socket_for(grpc_socket), StandInServicer())
+    server.start()
+    try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:  # not the hook
             raw.connect(str(attach_socket_for(grpc_socket)))
             raw.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
@@ -197,26 +243,50 @@ def test_attach_and_detach_through_the_socket(grpc_socket: Path) -> None:
         assert reply[0] == 3 and b"request cut short: connection closed after 4 of 7" in reply
     finally:
         server.stop()
-    assert not attach_socket_for(grpc_socket).exists()
 
 
-def test_the_hook_waits_for_an_enforcer_that_is_restarting(grpc_socket: Path) -> None:
+def test_the_in_process_call_returns_the_reply(grpc_socket: Path) -> None:
+    servicer = StandInServicer()
+    server = AttachSocketServer(attach_socket_for(grpc_socket), servicer)
+    server.start()
+    try:
+        message = hook.attach_message("known", "sh", "ctr-1", 42, CGROUP_LINES)
+        assert _call(grpc_socket, message).startswith("attached ctr-1 (")
+        assert list(servicer.requests[0].cgroup_lines) == CGROUP_LINES
+        with pytest.raises(hook.HookError, match="NOT_FOUND: no share for claim other"):
+            _call(grpc_socket, hook.attach_message("other", "", "ctr-2", 42, []))
+    finally:
+        server.stop()
+
+
+def test_the_hook_waits_for_an_enforcer_that_is_restarting(
+    grpc_socket: Path, hook_kind: str
+) -> None:
     server = AttachSocketServer(attach_socket_for(grpc_socket), StandInServicer())
     starter = threading.Timer(0.3, server.start)
     starter.start()
     try:
-        text = _call(grpc_socket, hook.attach_message("known", "", "ctr", 1, []))
-        assert text.startswith("attached ctr")
+        assert _attach(hook_kind, grpc_socket).startswith("attached ctr")
     finally:
         starter.join()
         server.stop()
 
 
-def test_the_hook_gives_up_at_its_deadline(grpc_socket: Path) -> None:
+def test_the_hook_gives_up_at_its_deadline(grpc_socket: Path, hook_kind: str) -> None:
+    path = attach_socket_for(grpc_socket)
+    state = {"id": "ctr", "pid": os.getpid()}
     started = time.monotonic()
-    with pytest.raises(hook.HookError, match="UNAVAILABLE: no enforcer listened on"):
-        _call(grpc_socket, hook.attach_message("known", "", "ctr", 1, []), within=0.5)
-    assert time.monotonic() - started < 2
+    ran = _hook(hook_kind, grpc_socket, "attach", "known", state, within=0.5)
+    took = time.monotonic() - started
+    why = f"UNAVAILABLE: no enforcer listened on {path} (No such file or directory) until"
+    assert _refused(ran, "ctr") == f"{why} the timeout"
+    assert 0.45 < took < 2
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as bound:  # bound, never listening
+        bound.bind(str(path))
+        ran = _hook(hook_kind, grpc_socket, "attach", "known", state, within=0.3)
+        path.unlink()
+    why = f"UNAVAILABLE: no enforcer listened on {path} (Connection refused) until the timeout"
+    assert _refused(ran, "ctr") == why
 
 
 # ---- hostile and broken clients (issue 27) -------------------------------------------------
@@ -235,7 +305,9 @@ def _reply(conn: socket.socket, timeout: float = 5) -> tuple[int, str]:
     return head[0], text.decode()
 
 
-def test_stuck_and_dripping_clients_never_delay_a_valid_call(grpc_socket: Path) -> None:
+def test_stuck_and_dripping_clients_never_delay_a_valid_call(
+    grpc_socket: Path, hook_kind: str
+) -> None:
     path = attach_socket_for(grpc_socket)
     server = AttachSocketServer(path, StandInServicer(), request_deadline_s=1.0)
     server.start()
@@ -252,9 +324,7 @@ def test_stuck_and_dripping_clients_never_delay_a_valid_call(grpc_socket: Path) 
     dripper.start()
     try:
         started = time.monotonic()
-        assert _call(grpc_socket, hook.attach_message("known", "", "ctr", 1, [])).startswith(
-            "attached ctr"
-        )
+        assert _attach(hook_kind, grpc_socket).startswith("attached ctr")
         assert time.monotonic() - started < 2  # was 10 s (a worker per stuck client)
         for conn in [*stuck, dripping]:
             status, text = _reply(conn)
@@ -269,7 +339,9 @@ def test_stuck_and_dripping_clients_never_delay_a_valid_call(grpc_socket: Path) 
         server.stop()
 
 
-def test_past_max_pending_the_connection_waiting_longest_goes(grpc_socket: Path) -> None:
+def test_past_max_pending_the_connection_waiting_longest_goes(
+    grpc_socket: Path, hook_kind: str
+) -> None:
     path = attach_socket_for(grpc_socket)
     server = AttachSocketServer(path, StandInServicer(), max_pending=4)
     server.start()
@@ -282,16 +354,16 @@ def test_past_max_pending_the_connection_waiting_longest_goes(grpc_socket: Path)
             status, text = _reply(conn)
             assert status == 8, text  # RESOURCE_EXHAUSTED
             assert "4 connections were still sending their requests" in text
-        assert _call(grpc_socket, hook.attach_message("known", "", "ctr", 1, [])).startswith(
-            "attached ctr"
-        )
+        assert _attach(hook_kind, grpc_socket).startswith("attached ctr")
     finally:
         for conn in stuck:
             conn.close()
         server.stop()
 
 
-def test_the_hook_waits_out_a_full_backlog_within_its_timeout(grpc_socket: Path) -> None:
+def test_the_hook_waits_out_a_full_backlog_within_its_timeout(
+    grpc_socket: Path, hook_kind: str
+) -> None:
     path = attach_socket_for(grpc_socket)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(path))
@@ -306,11 +378,13 @@ def test_the_hook_waits_out_a_full_backlog_within_its_timeout(grpc_socket: Path)
             filler.close()
             break
         fillers.append(filler)
-    message = hook.attach_message("known", "", "ctr", 1, [])
+    state = {"id": "ctr", "pid": os.getpid()}
     try:
         started = time.monotonic()
-        with pytest.raises(hook.HookError, match=r"UNAVAILABLE: .* stayed busy \(its backlog"):
-            _call(grpc_socket, message, within=0.3)
+        ran = _hook(hook_kind, grpc_socket, "attach", "known", state, within=0.3)
+        assert _refused(ran, "ctr") == (
+            f"UNAVAILABLE: the enforcer on {path} stayed busy (its backlog full) until the timeout"
+        )
         assert 0.25 < time.monotonic() - started < 2
 
         def serve_after(delay: float) -> None:
@@ -328,7 +402,7 @@ def test_the_hook_waits_out_a_full_backlog_within_its_timeout(grpc_socket: Path)
 
         server = threading.Thread(target=serve_after, args=(0.5,))
         server.start()
-        assert _call(grpc_socket, message, within=5) == "attached!"  # was EAGAIN at once
+        assert _attach(hook_kind, grpc_socket) == "attached!\n"  # was EAGAIN at once
         server.join()
     finally:
         for filler in fillers:
@@ -368,7 +442,7 @@ class LoudServicer(StandInServicer):
         raise NotFoundError(f"no container {request.container_id}")
 
 
-def test_error_messages_stay_bounded(grpc_socket: Path) -> None:
+def test_error_messages_stay_bounded(grpc_socket: Path, hook_kind: str) -> None:
     path = attach_socket_for(grpc_socket)
     server = AttachSocketServer(path, LoudServicer())
     server.start()
@@ -379,6 +453,12 @@ def test_error_messages_stay_bounded(grpc_socket: Path) -> None:
         assert str(loud.value).endswith(
             f"… ({len('no container ') + 60_000 - 1024} more characters)"
         )
+        huge = "c" * 60_000
+        ran = _hook(hook_kind, grpc_socket, "attach", "known", {"id": huge, "pid": os.getpid()})
+        said = f"attach {huge} of claim known failed: {loud.value}"
+        assert ran.returncode == hook.EXIT_FAILED
+        assert ran.stderr == f"gpuslice-enforcer-hook: {wire.bounded(said, 4 * wire.MAX_TEXT)}\n"
+        assert len(ran.stderr) < 4 * wire.MAX_TEXT + 100
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
             raw.connect(str(path))
             raw.sendall(wire.MAGIC + bytes([wire.METHOD_ATTACH]) + (1 << 30).to_bytes(4, "big"))

@@ -1,5 +1,7 @@
 """Helpers for tests that run the enforcer for real: a process on a unix socket, real cgroups,
-fake-GPU workloads, and CDI hooks run the way runc runs them.
+fake-GPU workloads, and CDI hooks run the way runc runs them — either hook: the static Go binary
+the chart installs (``go_hook``, built by hack/hook-binary.sh) or the Python one
+(``gpuslice_enforcer.hook``), chosen by ``HOOK_KINDS``.
 
 Used by e2e/tests/test_enforcer*.py and bench/bench_enforcer.py; they clean up after themselves
 (cgroups removed, processes and MPS daemons stopped) even when a test fails.
@@ -8,10 +10,12 @@ Used by e2e/tests/test_enforcer*.py and bench/bench_enforcer.py; they clean up a
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import queue
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,6 +34,84 @@ from gpuslice_testkit.core import ServiceProcess
 
 FREEZER_ROOT = Path("/sys/fs/cgroup/freezer")
 BIN = Path(sys.executable).parent
+REPO_ROOT = Path(__file__).resolve().parents[4]
+#: The hooks a protocol test runs: the static binary the chart installs, and the Python hook.
+HOOK_KINDS = ("go", "python")
+#: The Python hook as the chart used to install it: no site.py, no runpy.
+HOOK_MAIN = "import sys; from gpuslice_enforcer.hook import main; sys.exit(main())"
+
+
+class GoMissingError(Exception):
+    """No Go toolchain: the static hook cannot be built here (tests of it skip, saying so)."""
+
+
+@functools.cache
+def go_hook() -> Path:
+    """The static hook of this tree (services/enforcer/hook), as hack/hook-binary.sh builds it:
+    cached outside the work tree, rebuilt (after its gofmt, vet and Go tests) when its sources
+    change. GoMissingError where there is no Go; RuntimeError when the build fails."""
+    if shutil.which("go") is None:
+        raise GoMissingError(
+            "Go is not installed, so the static hook (services/enforcer/hook) cannot be built "
+            "and is not tested; install Go 1.22 or newer"
+        )
+    built = subprocess.run(
+        ["bash", str(REPO_ROOT / "hack" / "hook-binary.sh")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if built.returncode != 0:
+        raise RuntimeError(f"hack/hook-binary.sh failed:\n{built.stderr[-4000:]}")
+    return Path(built.stdout.strip().splitlines()[-1])
+
+
+def hook_missing(kind: str) -> str | None:
+    """Why hook ``kind`` cannot be tested here (Go is missing), or None: the reason a test of
+    it skips with. A failed build raises."""
+    if kind == "go":
+        try:
+            go_hook()
+        except GoMissingError as exc:
+            return str(exc)
+    return None
+
+
+def hook_path(kind: str) -> Path:
+    """The executable of hook ``kind`` for ``--hook-path``: the static binary, or the Python
+    hook's console script in this environment."""
+    if kind == "go":
+        return go_hook()
+    if kind == "python":
+        return BIN / "gpuslice-enforcer-hook"
+    raise ValueError(f"hook kind {kind!r}: choose one of {HOOK_KINDS}")
+
+
+def run_hook_command(
+    kind: str,
+    args: Sequence[str],
+    state: object,
+    timeout: float = 30,
+) -> subprocess.CompletedProcess[str]:
+    """Run hook ``kind`` with ``args`` (without the program) and the OCI state ``state`` (an
+    object, sent as JSON; a str, sent as it is) on stdin, from an empty environment as runc
+    runs hooks, and return what it did. The Python hook runs as the chart installed it
+    (``python -s -S -c``), with this tree's packages on PYTHONPATH."""
+    if kind == "python":
+        argv = [sys.executable, "-s", "-S", "-c", HOOK_MAIN, *args]
+        env = {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p and Path(p).is_dir())}
+    else:
+        argv, env = [str(hook_path(kind)), *args], {}
+    return subprocess.run(
+        argv,
+        input=state if isinstance(state, str) else json.dumps(state),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def cgroup2_root() -> Path | None:
@@ -168,10 +250,19 @@ class Workload:
 class EnforcerProcess(ServiceProcess):
     """``gpuslice-enforcer`` as a real process on a unix socket, with the fake NVML."""
 
-    def __init__(self, config: Path, workdir: Path, extra_args: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        config: Path,
+        workdir: Path,
+        extra_args: Sequence[str] = (),
+        *,
+        hook: str = "python",
+    ) -> None:
+        """``hook``: the hook kind (``HOOK_KINDS``) the share's container edits name."""
         self.config = config
         self.workdir = workdir
         self.extra_args = list(extra_args)
+        self.hook = hook
         super().__init__(
             "gpuslice-enforcer",
             self.args(),
@@ -199,7 +290,7 @@ class EnforcerProcess(ServiceProcess):
             f"--socket={self.socket}",
             f"--state-dir={self.state_dir}",
             f"--mps-root={self.mps_root}",
-            f"--hook-path={BIN / 'gpuslice-enforcer-hook'}",
+            f"--hook-path={hook_path(self.hook)}",
             "--metrics-addr=",
             "--log-level=debug",
             *self.extra_args,

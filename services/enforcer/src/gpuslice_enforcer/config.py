@@ -21,7 +21,7 @@ class EnforcerConfig:
     #: The same socket as the host (and so the CDI hook) sees it; default: ``socket``.
     hook_socket: Path | None = None
     #: Host path of ``gpuslice-enforcer-hook``; empty disables the CDI hooks.
-    hook_path: str = "/usr/local/bin/gpuslice-enforcer-hook"
+    hook_path: str = "/var/lib/gpuslice/hook/bin/gpuslice-enforcer-hook"
     #: How long the hook may take to get the limits in force, in seconds.
     hook_timeout_s: int = 10
     #: Watchdog sampling period.

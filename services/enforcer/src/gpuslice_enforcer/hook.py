@@ -25,6 +25,10 @@ following the ``--socket`` link) — which carries the same ``AttachContainerReq
 
 Importing grpc alone costs more than the whole fast path (≈ 70 ms against ≈ 8 ms). An enforcer
 without an attach socket (one older than this hook) is called through gRPC, as before.
+
+The hosts run the static hook instead (services/enforcer/hook, Go: no Python or libc needed on
+the host), which takes the same command line and gives the same output and exit status; the
+tests run both. This one stays the reference, and the hook of the sandbox's simulated node.
 """
 
 # os.path, not pathlib: pathlib imports re, fnmatch and urllib, a third of the hook's start-up.
@@ -248,12 +252,15 @@ def call(socket: str, method: int, message: bytes, deadline: float) -> str:
     """One call on the attach socket by ``deadline``. Connecting is retried with a back-off
     while the enforcer is away (a restart: the socket is missing or refuses) or busy (its
     backlog is full: EAGAIN), like gRPC's ``wait_for_ready``."""
-    delay = 0.01
+    delay, retried = 0.01, False
     while True:
         path = attach_socket_path(socket)
         sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         try:
-            _remaining(sock, deadline)
+            if retried:  # the last try comes even if the back-off overslept the deadline
+                sock.settimeout(max(deadline - time.monotonic(), 0.001))
+            else:
+                _remaining(sock, deadline)
             try:
                 sock.connect(path)
             except (FileNotFoundError, ConnectionRefusedError, BlockingIOError) as exc:
@@ -265,7 +272,7 @@ def call(socket: str, method: int, message: bytes, deadline: float) -> str:
                         why = f"no enforcer listened on {path} ({exc.strerror})"
                     raise HookError(f"UNAVAILABLE: {why} until the timeout") from None
                 time.sleep(min(delay, left))
-                delay = min(delay * 2, 0.25)
+                delay, retried = min(delay * 2, 0.25), True
                 continue
             _remaining(sock, deadline)
             sock.sendall(frame(method, message))

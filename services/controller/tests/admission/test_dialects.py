@@ -7,8 +7,8 @@ import re
 import pytest
 
 from gpuslice_api.quantity import GIB, MIB
-from gpuslice_controller import dialects
-from gpuslice_controller.dialects import BY_RESOURCE, DIALECTS, Dialect
+from gpuslice_controller.admission import dialects
+from gpuslice_controller.admission.dialects import BY_RESOURCE, DIALECTS, Dialect
 
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 

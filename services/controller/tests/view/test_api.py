@@ -8,8 +8,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from gpuslice_controller.auth import Authorizer, Decision
-from gpuslice_controller.viewapi import ViewApi, credentials
+from gpuslice_controller.view.api import ViewApi, credentials
+from gpuslice_controller.view.auth import Authorizer, Decision
 from gpuslice_testkit import view as t
 from gpuslice_view import report
 from gpuslice_view.model import ClusterView

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from gpuslice_controller.admission import Decision
-from gpuslice_controller.validate import ClaimValidator, Classes
+from gpuslice_controller.admission.review import Decision
+from gpuslice_controller.admission.validate import ClaimValidator, Classes
 
 GIB = 1024**3
 GPU, MIG = "gpu.gpuslice.dev", "mig.gpuslice.dev"

@@ -4,8 +4,9 @@
 do: the ResourceClaimTemplates to ensure in the pod's namespace and an RFC 6902 patch that adds
 ``spec.resourceClaims``, the containers' ``resources.claims``, removes the extended resources and
 records the original request in the ``gpu.gpuslice.dev/translated-from`` annotation. It talks to
-nothing: what it needs to know about the cluster comes in :class:`ClusterFacts`. The dialects are
-tables in :mod:`gpuslice_controller.dialects`; the decisions are explained in docs/controller.md.
+nothing: what it needs to know about the cluster comes in :class:`ClusterFacts`. The dialects
+are tables in :mod:`gpuslice_controller.admission.dialects`; the decisions are explained in
+docs/controller.md.
 """
 
 from __future__ import annotations
@@ -17,21 +18,24 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
+from gpuslice_api.names import (
+    CONFIG_API_VERSION,
+    DIALECT_LABEL,
+    DRIVER,
+    GPU_CLASS,
+    MIG_CLASS,
+    TRANSLATE_LABEL,
+    TRANSLATED_ANNOTATION,
+)
 from gpuslice_api.quantity import MIB, format_bytes, human_bytes, parse_quantity
-from gpuslice_controller.dialects import BY_RESOURCE, Dialect
-from gpuslice_controller.selectors import annotation_selectors, size_selector
+from gpuslice_controller.admission.dialects import BY_RESOURCE, Dialect
+from gpuslice_controller.admission.selectors import annotation_selectors, size_selector
 from gpuslice_core.errors import InvalidArgumentError
 
-TRANSLATED_ANNOTATION = "gpu.gpuslice.dev/translated-from"
-"""Holds the original request (JSON); its presence means the pod is already translated."""
-OPT_OUT_LABEL = "gpu.gpuslice.dev/translate"
-"""Pod label: ``"false"`` leaves the pod alone."""
-DIALECT_LABEL = "gpu.gpuslice.dev/dialect"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "gpuslice-controller"
 REQUEST_NAME = "gpu"
 """The single request in every template."""
-GPUCONFIG_API_VERSION = "gpu.gpuslice.dev/v1alpha1"
 
 MAX_ALTERNATIVES = 8
 """``firstAvailable`` holds at most 8 subrequests (one per distinct GPU memory size)."""
@@ -122,8 +126,8 @@ def translate_pod(
     pod: Mapping[str, Any],
     facts: ClusterFacts,
     *,
-    driver_domain: str = "gpu.gpuslice.dev",
-    device_class: str = "gpu.gpuslice.dev",
+    driver_domain: str = DRIVER,
+    device_class: str = GPU_CLASS,
 ) -> Translation | None:
     """The templates and patch that run ``pod`` on DRA; None when there is nothing to translate
     (no dialect resources, only the plain ``nvidia.com/gpu``, already translated, or opted out by
@@ -133,7 +137,7 @@ def translate_pod(
     labels: Mapping[str, str] = meta.get("labels") or {}
     if TRANSLATED_ANNOTATION in annotations:
         return None
-    if str(labels.get(OPT_OUT_LABEL, "")).lower() == "false":
+    if str(labels.get(TRANSLATE_LABEL, "")).lower() == "false":
         return None
     spec = pod.get("spec") or {}
     slots = [
@@ -146,7 +150,7 @@ def translate_pod(
     if "mig" in mode.lower().split(","):
         raise Denied(
             f"annotation {dialect.mode_annotation}={mode!r} asks for MIG, which is not "
-            f"translated: ask for a MIG device with a ResourceClaim of class mig.gpuslice.dev"
+            f"translated: ask for a MIG device with a ResourceClaim of class {MIG_CLASS}"
         )
     warnings: list[str] = []
     try:
@@ -471,7 +475,7 @@ def _work_conserving(domain: str) -> dict[str, Any]:
         "opaque": {
             "driver": domain,
             "parameters": {
-                "apiVersion": GPUCONFIG_API_VERSION,
+                "apiVersion": CONFIG_API_VERSION,
                 "kind": "GpuConfig",
                 "enforcement": {"workConserving": True},
             },

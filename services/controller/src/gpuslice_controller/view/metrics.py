@@ -173,7 +173,7 @@ class ViewCollector(Collector):
 
 class ClaimCollector(Collector):
     """The series that name claims (tenant data): served only behind the view's authorization
-    (``viewapi``, ``GET /view/metrics``), never on the open metrics port."""
+    (``view.api``, ``GET /view/metrics``), never on the open metrics port."""
 
     def __init__(self, source: ViewSource) -> None:
         self.source = source

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from gpuslice_controller.inventory import GpuInventory, slice_facts
+from gpuslice_controller.admission.inventory import GpuInventory, slice_facts
 from gpuslice_kube.raw import RawApi
 
 GIB = 1024**3

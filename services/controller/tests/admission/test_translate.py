@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from gpuslice_api import gpuconfig
-from gpuslice_controller.selectors import cel_string
-from gpuslice_controller.translate import (
-    TRANSLATED_ANNOTATION,
+from gpuslice_api.names import TRANSLATED_ANNOTATION
+from gpuslice_controller.admission.selectors import cel_string
+from gpuslice_controller.admission.translate import (
     ClusterFacts,
     Denied,
     Translation,

@@ -25,8 +25,9 @@ from fractions import Fraction
 from typing import Any
 
 from gpuslice_api.gpuconfig import GpuConfig, decode
+from gpuslice_api.names import DRIVER, GPU_CLASS, MIG_CLASS
 from gpuslice_api.quantity import MIB, human_bytes, parse_quantity
-from gpuslice_controller.admission import Decision, Request
+from gpuslice_controller.admission.review import Decision, Request
 from gpuslice_core.errors import InvalidArgumentError
 
 CAPACITIES = ("cores", "memory")
@@ -37,9 +38,9 @@ KINDS = ("ResourceClaim", "ResourceClaimTemplate")
 class Classes:
     """Our driver and the DeviceClasses that select its whole GPUs and its MIG devices."""
 
-    driver: str = "gpu.gpuslice.dev"
-    gpu: frozenset[str] = frozenset({"gpu.gpuslice.dev"})
-    mig: frozenset[str] = frozenset({"mig.gpuslice.dev"})
+    driver: str = DRIVER
+    gpu: frozenset[str] = frozenset({GPU_CLASS})
+    mig: frozenset[str] = frozenset({MIG_CLASS})
 
 
 @dataclass(frozen=True)

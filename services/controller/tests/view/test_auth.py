@@ -6,7 +6,7 @@ from http import HTTPStatus
 
 import pytest
 
-from gpuslice_controller.auth import Authorizer, Reviewer, bearer
+from gpuslice_controller.view.auth import Authorizer, Reviewer, bearer
 from gpuslice_kube.errors import KubeTransientError
 from gpuslice_kube.raw import Obj
 

@@ -14,8 +14,8 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
-from gpuslice_controller import translate
-from gpuslice_controller.admission import Decision, Request
+from gpuslice_controller.admission import translate
+from gpuslice_controller.admission.review import Decision, Request
 from gpuslice_core.logging import get_logger
 from gpuslice_kube.errors import KubeAlreadyExistsError
 from gpuslice_kube.raw import Obj, RawApi

@@ -9,7 +9,7 @@ from typing import TypeVar
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gpuslice_controller.viewmetrics import ClaimCollector, ViewCollector
+from gpuslice_controller.view.metrics import ClaimCollector, ViewCollector
 from gpuslice_testkit import view as t
 from gpuslice_view.live import NodeLive, ShareLive
 from gpuslice_view.model import ClusterView
@@ -175,7 +175,7 @@ def test_the_open_port_names_no_claim_and_no_namespace() -> None:
     series are only in the claim collector (served behind the view's authorization)."""
     view = cluster()
     now = time.time()
-    view.live = {"node-a": NodeLive("node-a", "u", now, {("ml", "a", UUID0): ShareLive(1, 0, 5)})}
+    view.live = {"node-a": NodeLive("node-a", "u", now, {("uid-a", UUID0): ShareLive(1, 0, 5)})}
     source = t.FixedFeeder(view, events=EVENTS)
     open_text = generate_latest(open_registry(source)).decode()
     assert "gpuslice_gpu_memory_used_bytes" in open_text  # the GPU's live figures stay
@@ -206,7 +206,7 @@ def test_live_usage_rows_only_while_the_enforcers_figures_are_current() -> None:
     view = cluster()
     now = time.time()
     view.live = {
-        "node-a": NodeLive("node-a", "u", now, {("ml", "a", UUID0): ShareLive(3 * GIB, 0, 25)}),
+        "node-a": NodeLive("node-a", "u", now, {("uid-a", UUID0): ShareLive(3 * GIB, 0, 25)}),
         "node-b": NodeLive("node-b", "u", now, error="timed out"),
     }
     reg = registry(t.FixedFeeder(view, events=EVENTS))

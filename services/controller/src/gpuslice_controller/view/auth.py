@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
+from gpuslice_api.names import VIEW_GROUP
 from gpuslice_core.errors import GpusliceError
 from gpuslice_core.logging import get_logger
 from gpuslice_kube.raw import Obj, RawApi
@@ -35,7 +36,7 @@ log = get_logger(__name__)
 
 TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"  # noqa: S105 - a path
 ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
-GROUP = "gpu.gpuslice.dev"
+GROUP = VIEW_GROUP
 RESOURCE = "gpus"
 VERB = "get"
 

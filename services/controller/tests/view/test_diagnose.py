@@ -7,7 +7,13 @@ from typing import Any
 
 import pytest
 
-from gpuslice_controller.diagnose import REASON, Diagnosis, Diagnostics, Throttle, unschedulable
+from gpuslice_controller.view.diagnose import (
+    REASON,
+    Diagnosis,
+    Diagnostics,
+    Throttle,
+    unschedulable,
+)
 from gpuslice_kube.errors import KubeNotFoundError
 from gpuslice_kube.raw import Obj
 from gpuslice_testkit import view as t

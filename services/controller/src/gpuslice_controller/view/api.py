@@ -31,8 +31,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from gpuslice_controller.auth import Authorizer
-from gpuslice_controller.viewmetrics import ClaimCollector, ViewSource
+from gpuslice_controller.view.auth import Authorizer
+from gpuslice_controller.view.metrics import ClaimCollector, ViewSource
 from gpuslice_core.errors import NotFoundError
 from gpuslice_core.logging import get_logger
 from gpuslice_view import report

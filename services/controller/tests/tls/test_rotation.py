@@ -12,7 +12,7 @@ from typing import cast
 
 import pytest
 
-from gpuslice_controller import certs, rotation
+from gpuslice_controller.tls import certs, rotation
 from gpuslice_kube.errors import ConflictError, KubeAlreadyExistsError, KubeNotFoundError
 from gpuslice_kube.raw import Obj, RawApi
 

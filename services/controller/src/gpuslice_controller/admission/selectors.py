@@ -8,7 +8,7 @@ import string
 from collections.abc import Mapping, Sequence
 
 from gpuslice_api.quantity import format_bytes
-from gpuslice_controller.dialects import Dialect, SelectorAnnotation
+from gpuslice_controller.admission.dialects import Dialect, SelectorAnnotation
 
 MAX_CEL_BYTES = 10 * 1024
 """The API server's limit on one CEL expression."""

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from cryptography import x509
 
-from gpuslice_controller import certs
+from gpuslice_controller.tls import certs
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 DAY = dt.timedelta(days=1)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from cryptography.hazmat.primitives import hashes
 
-from gpuslice_controller import certs
+from gpuslice_controller.tls import certs
 from gpuslice_core.logging import get_logger
 from gpuslice_kube.errors import ConflictError, KubeAlreadyExistsError, KubeNotFoundError
 from gpuslice_kube.raw import Obj, RawApi
