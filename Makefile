@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 
 .PHONY: all setup demo inventory chart test lint typecheck imports proto proto-check unit clean \
 	kube-binaries node-binaries hook-binary images e2e-real e2e-kind cluster-up cluster-down \
-	cluster-status gpu-stage start-stress
+	cluster-status gpu-stage start-stress nvml-mock
 
 all: test
 
@@ -45,8 +45,13 @@ proto: setup
 proto-check: setup
 	$(PY) hack/gen_protos.py --check
 
-unit: setup kube-binaries node-binaries hook-binary images
+unit: setup kube-binaries node-binaries hook-binary images nvml-mock
 	$(BIN)/pytest -q
+
+# The mock libnvidia-ml.so.1 on the fake node (docs/nvml-mock.md), built with gcc into
+# ~/.cache/gpuslice/nvml-mock; the tests build it on demand too. Prints the library's directory.
+nvml-mock:
+	bash hack/nvml-mock.sh
 
 # Every service started STARTS times under a CPU load the way the e2e suite starts it, stopped
 # with SIGTERM; counts the starts that abort (issue 27). Table on stdout (docs/sandbox.md).

@@ -35,13 +35,14 @@ from typing import Any
 
 import yaml
 
+from gpuslice_api.names import DRIVER
 from gpuslice_core import logging as gslog
 from gpuslice_draplugin import HelperMetrics, ResourceApi, detect
 from gpuslice_draplugin.slices import SlicePublisher
 from gpuslice_kube.client import new_api_client
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 from gpuslice_kubelet_plugin.checkpoint import ClaimRecord, DeviceRecord, PluginState, open_store
-from gpuslice_kubelet_plugin.discovery import DRIVER, discover
+from gpuslice_kubelet_plugin.discovery import discover
 from gpuslice_nvml import open_nvml
 from gpuslice_testkit.core import at_once
 from gpuslice_testkit.kubelet_plugin.dra import ClaimTuple, DraClient, result

@@ -31,9 +31,10 @@ from pathlib import Path
 SERVER = """
 import sys, time
 from pathlib import Path
-from gpuslice_controller import certs
-from gpuslice_controller.admission import Decision
-from gpuslice_controller.server import ServingCert, WebhookServer
+from gpuslice_controller.tls import certs
+from gpuslice_controller.admission.review import Decision
+from gpuslice_controller.server import WebhookServer
+from gpuslice_controller.tls.serving import ServingCert
 import datetime as dt
 material = certs.bootstrap(certs.Policy(hosts=("127.0.0.1",)), dt.datetime.now(dt.UTC))
 Path(sys.argv[1]).write_bytes(material.ca_certs)

@@ -14,6 +14,12 @@ helper → the sockets, the publisher and the claim cache (independent of each o
 servicers → the API, metrics and the driver contract, so the contract module stays free of
 gRPC and the servicers free of Kubernetes.
 
+Inside each service, SERVICE_SHAPE orders its package as docs/architecture.md says: cli → app →
+server → servicer → the domain modules (every other module and subpackage, which may import each
+other but none of the layers above). A service names a layer otherwise in SHAPE_ALIASES; a layer
+a service does not have is left out. The one import up the stack that the shape allows is
+``app → cli``: the app is built from the frozen ``Settings`` that cli.py defines.
+
 Usage: .venv/bin/python hack/check_imports.py   (exit status of lint-imports)
 """
 
@@ -54,6 +60,61 @@ INTERNAL_LAYERS = {
 }
 
 
+#: The layers of a service package, top first; the domain layer (the rest) comes below them.
+SERVICE_SHAPE = ["cli", "app", "server", "servicer"]
+#: Where a service calls a layer something else: the device plugin's app is run.py.
+SHAPE_ALIASES = {"gpuslice_device_plugin": {"app": "run"}}
+#: Services not in the shape yet, left out of the per-service contract.
+#: enforcer: shape pending, issue 28 (its cli, config and server are reshaped on another branch).
+SHAPE_PENDING = {"gpuslice_enforcer"}
+NOT_DOMAIN = {"__init__", "__main__"}
+
+
+def package_dir(package: str) -> Path | None:
+    """The source directory of a workspace member's import package."""
+    for kind in ("services", "tools"):
+        for found in (ROOT / kind).glob(f"*/src/{package}/__init__.py"):
+            return found.parent
+    return None
+
+
+def service_layers(package: str) -> list[str]:
+    """The shape's layers this service has, top first, then its domain modules as one layer."""
+    directory = package_dir(package)
+    if directory is None:
+        return []
+    children = {
+        p.stem if p.is_file() else p.name
+        for p in directory.iterdir()
+        if (p.suffix == ".py" and p.is_file()) or (p / "__init__.py").is_file()
+    }
+    aliases = SHAPE_ALIASES.get(package, {})
+    layers = [aliases.get(layer, layer) for layer in SERVICE_SHAPE]
+    present = [layer for layer in layers if layer in children]
+    domain = sorted(children - set(layers) - NOT_DOMAIN)
+    return present + ([" : ".join(domain)] if domain else [])
+
+
+def service_contract(package: str) -> str:
+    layers = service_layers(package)
+    if len(layers) < 2:
+        return ""
+    app = SHAPE_ALIASES.get(package, {}).get("app", "app")
+    ignores = (
+        f"ignore_imports =\n    {package}.{app} -> {package}.cli\n"
+        "unmatched_ignore_imports_alerting = none\n"  # an app may take its settings elsewhere
+        if app in layers
+        else ""
+    )
+    return (
+        f"\n[importlinter:contract:{package}]\n"
+        f"name = {package} in the service shape (cli, app, server, servicer, domain)\n"
+        "type = layers\n"
+        f"containers =\n    {package}\n"
+        "layers =\n" + "".join(f"    {layer}\n" for layer in layers) + ignores
+    )
+
+
 def contracts() -> str:
     services = member_packages("services") + member_packages("tools")
     libs = [p for p in member_packages("libs") if p != TESTKIT]
@@ -74,7 +135,11 @@ def contracts() -> str:
         "name = nothing shipped imports the test kit\n"
         "type = forbidden\n"
         "source_modules =\n" + "".join(f"    {p}\n" for p in [*services, *libs]) + ""
-        f"forbidden_modules =\n    {TESTKIT}\n" + "".join(internal(p) for p in INTERNAL_LAYERS)
+        f"forbidden_modules =\n    {TESTKIT}\n"
+        + "".join(internal(p) for p in INTERNAL_LAYERS)
+        + "".join(
+            service_contract(p) for p in member_packages("services") if p not in SHAPE_PENDING
+        )
     )
 
 

@@ -49,14 +49,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
+from gpuslice_api.names import DRIVER
 from gpuslice_api.quantity import MIB
 from gpuslice_core.cdi import ClaimSpecs, ContainerEdits, Hook, Mount, resolve
+from gpuslice_core.driverroot import CONTROL_NODES, DriverRoot
 from gpuslice_core.errors import GpusliceError
 from gpuslice_draplugin import ClaimRef
-from gpuslice_kubelet_plugin.cdispecs import CONTROL_NODES, CdiWriter
+from gpuslice_kubelet_plugin.cdispecs import CdiWriter
 from gpuslice_kubelet_plugin.checkpoint import ClaimRecord
 from gpuslice_kubelet_plugin.claims import parse_claim
-from gpuslice_kubelet_plugin.discovery import DRIVER, Device, Inventory, discover
+from gpuslice_kubelet_plugin.discovery import Device, Inventory, discover
 from gpuslice_kubelet_plugin.enforcer import ShareGrant
 from gpuslice_kubelet_plugin.plan import make_plan
 from gpuslice_kubelet_plugin.state import record_grant
@@ -174,7 +176,7 @@ def check_cdi(
     probe gets besides the spec's variables (default :func:`default_process_env`).
     """
     inventory = discover(nvml)
-    writer = CdiWriter(ClaimSpecs(workdir / "cdi"), dev_root=dev_root)
+    writer = CdiWriter(ClaimSpecs(workdir / "cdi"), driver=DriverRoot(dev_root))
     minors = {g.uuid: g.minor for g in inventory.gpus}  # as DeviceState._minors
     env = dict(default_process_env() if process_env is None else process_env)
     results: list[CdiResult] = []

@@ -508,8 +508,8 @@ def test_grafana_dashboard_is_off_by_default_and_queries_the_controllers_metrics
     dashboard = json.loads(config["data"]["gpuslice-gpus.json"])
     exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
     used = {m for e in exprs for m in re.findall(r"gpuslice_[a-z_]+", e)}
-    # what gpuslice_controller.viewmetrics exposes (a counter's family name gains _total)
-    source = (REPO_ROOT / "services/controller/src/gpuslice_controller/viewmetrics.py").read_text()
+    # what gpuslice_controller.view.metrics exposes (a counter's family name gains _total)
+    source = (REPO_ROOT / "services/controller/src/gpuslice_controller/view/metrics.py").read_text()
     exposed = set(re.findall(r'"(gpuslice_[a-z_]+)"', source))
     exposed |= {f"{name}_total" for name in exposed}
     assert used and used <= exposed, used - exposed

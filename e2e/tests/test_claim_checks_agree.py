@@ -18,10 +18,11 @@ from typing import Any
 
 import pytest
 
-from gpuslice_controller.validate import ClaimValidator, Classes
+from gpuslice_api.names import DRIVER
+from gpuslice_controller.admission.validate import ClaimValidator, Classes
 from gpuslice_draplugin import ClaimRef
 from gpuslice_kubelet_plugin.claims import ClaimError, parse_claim
-from gpuslice_kubelet_plugin.discovery import DRIVER, Inventory, discover
+from gpuslice_kubelet_plugin.discovery import Inventory, discover
 from gpuslice_kubelet_plugin.plan import make_plan
 from gpuslice_nvml import open_nvml
 from gpuslice_testkit.kubelet_plugin.harness import H100X2_MIG, write_node

@@ -33,7 +33,7 @@ from e2e.sandbox.gpunode import RESOURCE, gpu_pod, pod_devices
 from e2e.sandbox.nodeagent.testing import get_pod, unique, wait_for, wait_pod_phase
 from e2e.sandbox.nodeservices import NodePod, serve_node_pod, start_node_pod
 from e2e.tests.test_chart import helm_bin, render
-from gpuslice_controller import dialects
+from gpuslice_controller.admission import dialects
 from gpuslice_kube.errors import KubeError, KubeNotFoundError
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 

@@ -30,9 +30,10 @@ import pytest
 from e2e.sandbox.controlplane import ControlPlane
 from e2e.sandbox.nodeagent.testing import temporary_namespace, wait_for
 from e2e.tests.test_kubelet_plugin_support import ClaimMaker
-from gpuslice_controller import certs
-from gpuslice_controller.server import ServingCert, WebhookServer
-from gpuslice_controller.validate import ClaimValidator, Classes
+from gpuslice_controller.admission.validate import ClaimValidator, Classes
+from gpuslice_controller.server import WebhookServer
+from gpuslice_controller.tls import certs
+from gpuslice_controller.tls.serving import ServingCert
 from gpuslice_draplugin import ClaimRef
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 from gpuslice_kube.reflector import Reflector, metadata_only
@@ -147,7 +148,7 @@ def test_a_deep_claim_stops_no_plugin_and_no_prepare(
     allocate_hostile(kube, namespace, "deep-here", [result("gpu-1", pool=node_name)])
 
     plugin = harness.start()  # used to die here: RecursionError listing every claim
-    cache = plugin.driver.helper.claims
+    cache = plugin.app.helper.claims
     assert cache.reflector is not None
     wait_for(lambda: cache.get(ClaimRef(namespace, "good", good["metadata"]["uid"])), 10, "cache")
 

@@ -14,10 +14,10 @@ from e2e.sandbox.nodeagent.credentials import node_kubeconfig
 from e2e.sandbox.nodeagent.testing import unique, wait_for
 from e2e.tests.test_kubelet_plugin_prepare import RecordingRawApi
 from e2e.tests.test_kubelet_plugin_support import ClaimMaker
+from gpuslice_api.names import DRIVER
 from gpuslice_draplugin import ClaimCache, ClaimRef, ResourceApi
 from gpuslice_kube.client import new_api_client
 from gpuslice_kube.raw import RawApi
-from gpuslice_kubelet_plugin.discovery import DRIVER
 from gpuslice_testkit.kubelet_plugin.dra import ref, result
 from gpuslice_testkit.kubelet_plugin.harness import Harness, Running
 
@@ -33,7 +33,7 @@ def test_prepare_takes_a_watched_claim_without_reading_the_api(
     claim = claims("c", results=[result("gpu-0", pool=node_name)])
     uid = claim["metadata"]["uid"]
     wait_for(
-        lambda: plugin.driver.helper.claims.get(ClaimRef(namespace, "c", uid)) is not None,
+        lambda: plugin.app.helper.claims.get(ClaimRef(namespace, "c", uid)) is not None,
         10,
         "cache",
     )
@@ -49,7 +49,7 @@ def test_the_uid_the_kubelet_names_wins_over_the_cache(
     old = claims("c", results=[result("gpu-0", pool=node_name)])
     old_uid = old["metadata"]["uid"]
     wait_for(
-        lambda: plugin.driver.helper.claims.get(ClaimRef(namespace, "c", old_uid)) is not None,
+        lambda: plugin.app.helper.claims.get(ClaimRef(namespace, "c", old_uid)) is not None,
         10,
         "cache",
     )
@@ -73,7 +73,7 @@ def test_after_unprepare_the_claim_is_read_again(
     claim = claims("c", results=[result("gpu-0", pool=node_name)])
     uid = claim["metadata"]["uid"]
     wait_for(
-        lambda: plugin.driver.helper.claims.get(ClaimRef(namespace, "c", uid)) is not None, 10, ""
+        lambda: plugin.app.helper.claims.get(ClaimRef(namespace, "c", uid)) is not None, 10, ""
     )
     assert plugin.client.prepare([ref(claim)])[uid].error == ""
     assert plugin.client.unprepare([ref(claim)]) == {uid: ""}
@@ -89,7 +89,7 @@ def test_without_list_permission_the_cache_is_off_and_prepare_reads_the_api(
     stranger = node_kubeconfig(sandbox.pki, sandbox.server, unique("stranger"), short_dir / "n")
     forbidden = RawApi(new_api_client(stranger, user_agent="gpuslice-test"), deadline=2)
     cache = ClaimCache(
-        ResourceApi(forbidden, plugin.driver.helper.api.server), driver=DRIVER, pool=node_name
+        ResourceApi(forbidden, plugin.app.helper.api.server), driver=DRIVER, pool=node_name
     )
     assert cache.start() is False
     assert not cache.enabled
@@ -99,6 +99,6 @@ def test_without_list_permission_the_cache_is_off_and_prepare_reads_the_api(
 
 def test_the_cache_can_be_turned_off(harness: Harness, claims: ClaimMaker, node_name: str) -> None:
     plugin = harness.start(claim_cache=False)
-    assert not plugin.driver.helper.claims.enabled
+    assert not plugin.app.helper.claims.enabled
     claim = claims("c", results=[result("gpu-0", pool=node_name)])
     assert plugin.client.prepare([ref(claim)])[claim["metadata"]["uid"]].error == ""

@@ -27,7 +27,7 @@ SHARE_ID = "0b5e7c1a-2f4d-4e8b-9a6c-3d2f1e0a9b8c"  # the API server wants shareI
 def spec_devices(plugin: Running, claim: Obj) -> dict[str, dict[str, str]]:
     """The per-device variables of the claim's spec (key → field → value); the spec has no
     edits of its own, since a runtime would apply them to every container of every request."""
-    specs = plugin.driver.state.cdi.specs
+    specs = plugin.app.state.cdi.specs
     spec = load_spec(specs.spec_path(claim["metadata"]["uid"]))
     assert spec.container_edits.is_empty()
     entries = [e for device in spec.devices for e in device.container_edits.env]
@@ -76,7 +76,7 @@ def test_exclusive_gpu_gets_a_cdi_spec_naming_the_gpu(
             "ENFORCEMENT": "exclusive",
         }
     }
-    record = plugin.driver.state.committer.read().claims[uid]
+    record = plugin.app.state.committer.read().claims[uid]
     assert record.state == "PrepareCompleted"
 
 
@@ -138,7 +138,7 @@ def test_one_bad_claim_never_fails_the_others(
     assert "sharing.strategy: 'Fast'" in error(bad_config)
     assert "gpu-9" in error(unknown) and "not published by this node" in error(unknown)
     assert answers["0000-missing"].error == f"ResourceClaim {namespace}/missing does not exist"
-    errors = plugin.driver.metrics.claim_errors
+    errors = plugin.app.metrics.claim_errors
     assert errors.labels(op="prepare", reason="NotAllocated")._value.get() == 1
     assert errors.labels(op="prepare", reason="BadConfig")._value.get() == 1
 
@@ -173,18 +173,18 @@ def test_prepare_and_unprepare_are_idempotent(
     # the repeat is answered from the checkpoint: no API read (the claim is even gone from the
     # API now), no side effect
     delete_claim(kube, namespace, "c")
-    spec = plugin.driver.state.cdi.specs.spec_path(uid)
+    spec = plugin.app.state.cdi.specs.spec_path(uid)
     written = spec.stat().st_mtime_ns
     assert plugin.client.prepare([ref(claim)])[uid] == first
     assert reads() == before
     assert spec.stat().st_mtime_ns == written
     assert plugin.client.unprepare([ref(claim)]) == {uid: ""}
-    assert not plugin.driver.state.cdi.exists(uid)
+    assert not plugin.app.state.cdi.exists(uid)
     assert plugin.client.unprepare([ref(claim)]) == {uid: ""}
     assert plugin.client.unprepare([(namespace, "never", "never-prepared")]) == {
         "never-prepared": ""
     }
-    assert plugin.driver.state.committer.read().claims == {}
+    assert plugin.app.state.committer.read().claims == {}
 
 
 def test_a_device_is_never_handed_out_beyond_its_capacity(
@@ -291,8 +291,8 @@ def test_strict_enforcement_without_an_enforcer_is_refused(
     error = plugin.client.prepare([ref(claim)])[uid].error
     assert "enforcement mode Hard with strict: true needs the gpuslice enforcer" in error
     assert "--enforcer-socket is not set" in error
-    assert uid not in plugin.driver.state.committer.read().claims
-    assert not plugin.driver.state.cdi.exists(uid)
+    assert uid not in plugin.app.state.committer.read().claims
+    assert not plugin.app.state.cdi.exists(uid)
 
 
 def test_uid_mismatch_is_reported(

@@ -86,7 +86,7 @@ def test_half_done_work_of_a_dead_instance_is_finished(
         # rolled back, unprepared and orphaned specs are gone; the lost one is written again
         assert cdi.claim_uids() == ["done"]
         assert "started" not in enforcer.shares and "orphan-share" not in enforcer.shares
-        recovered = plugin.driver.metrics.recovered
+        recovered = plugin.app.metrics.recovered
         for action in (
             "rolled_back",
             "unprepared",
@@ -150,25 +150,25 @@ def test_claims_that_left_the_api_are_unprepared(
     delete_claim(kube, namespace, "again")
     again2 = claims("again")  # same name, new UID
     assert again2["metadata"]["uid"] != again["metadata"]["uid"]
-    unprepared = plugin.driver.collector.run_once()
+    unprepared = plugin.app.collector.run_once()
     assert sorted(unprepared) == sorted([gone["metadata"]["uid"], again["metadata"]["uid"]])
     assert list(plugin.state.committer.read().claims) == [kept["metadata"]["uid"]]
 
     # nothing is unprepared on doubt: the API refuses (a real 403 — the Node authorizer does
     # not let a node identity read a claim no pod of its uses) ...
-    server = plugin.driver.helper.api.server
+    server = plugin.app.helper.api.server
     stranger = node_kubeconfig(sandbox.pki, sandbox.server, unique("stranger"), short_dir / "n")
     forbidden = RawApi(new_api_client(stranger, user_agent="gpuslice-test"), deadline=2)
     with pytest.raises(KubeForbiddenError):
         ResourceApi(forbidden, server).get_claim(namespace, "kept")
-    plugin.driver.helper.claims.api = ResourceApi(forbidden, server)
-    assert plugin.driver.collector.run_once() == []
+    plugin.app.helper.claims.api = ResourceApi(forbidden, server)
+    assert plugin.app.collector.run_once() == []
     assert list(plugin.state.committer.read().claims) == [kept["metadata"]["uid"]]
     # ... or cannot be reached at all (the plugin's client points at a closed port)
     closed = unreachable_kubeconfig(sandbox.kubeconfig, short_dir / "closed.kubeconfig")
     unreachable = RawApi(new_api_client(closed, user_agent="gpuslice-test"), deadline=0.5)
     with pytest.raises(KubeTransientError):
         ResourceApi(unreachable, server).get_claim(namespace, "kept")
-    plugin.driver.helper.claims.api = ResourceApi(unreachable, server)
-    assert plugin.driver.collector.run_once() == []
+    plugin.app.helper.claims.api = ResourceApi(unreachable, server)
+    assert plugin.app.collector.run_once() == []
     assert list(plugin.state.committer.read().claims) == [kept["metadata"]["uid"]]

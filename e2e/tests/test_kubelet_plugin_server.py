@@ -53,7 +53,7 @@ def test_registration_answers_as_the_kubelet_expects(plugin: Running, short_dir:
         "v1alpha1.DRAResourceHealth",
     ]
     notify(sockets.registration, True)
-    assert plugin.driver.helper.server.registered.is_set()
+    assert plugin.app.helper.server.registered.is_set()
 
 
 def test_without_health_streaming_and_with_a_pod_uid(harness: Harness, short_dir: Path) -> None:
@@ -69,7 +69,7 @@ def test_without_health_streaming_and_with_a_pod_uid(harness: Harness, short_dir
 
 def test_a_refused_registration_recreates_the_socket(harness: Harness) -> None:
     plugin = harness.start()
-    plugin.driver.helper.server.retry_initial = 0.05
+    plugin.app.helper.server.retry_initial = 0.05
     socket = plugin.settings.sockets.registration
 
     def identity() -> tuple[int, int] | None:  # what the kubelet's plugin watcher compares
@@ -84,14 +84,11 @@ def test_a_refused_registration_recreates_the_socket(harness: Harness) -> None:
     wait_for(
         lambda: identity() not in (None, before), 10, "the registration socket to be re-created"
     )
-    assert plugin.driver.helper.server.failures == 1
-    assert plugin.driver.helper.server.last_error == "version mismatch"
+    assert plugin.app.helper.server.failures == 1
+    assert plugin.app.helper.server.last_error == "version mismatch"
     assert get_info(socket).name == "gpu.gpuslice.dev"
     notify(socket, True)
-    assert (
-        plugin.driver.helper.server.registered.is_set()
-        and plugin.driver.helper.server.failures == 0
-    )
+    assert plugin.app.helper.server.registered.is_set() and plugin.app.helper.server.failures == 0
 
 
 def test_probe_and_stop(plugin: Running) -> None:
@@ -119,7 +116,7 @@ def test_stop_lets_an_in_flight_prepare_finish(
         )
         call.start()
         assert enforcer.entered.wait(10)  # the call is inside CreateShare (1 s)
-        plugin.driver.stop()  # SIGTERM's path
+        plugin.app.stop()  # SIGTERM's path
         call.join(10)
         assert answers == [""]
         assert not plugin.settings.sockets.dra.exists()

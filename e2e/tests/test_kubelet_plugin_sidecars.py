@@ -43,7 +43,7 @@ def test_a_share_is_enforced_through_the_enforcer(
     namespace: str,
 ) -> None:
     plugin = harness.start(enforcer_socket=short_dir / "enforcer.sock")
-    gpu0 = plugin.driver.inventory.get("gpu-0")
+    gpu0 = plugin.app.devices.inventory.get("gpu-0")
     assert gpu0 is not None and gpu0.attributes["enforcement"] == {"string": "hard"}
     # the claim is reserved for a pod that exists (the resource-claim controller drops
     # reservations of pods it cannot find); a scheduling gate keeps it off every node
@@ -150,7 +150,7 @@ def test_dynamic_mig_creates_the_instance_at_prepare_and_destroys_it_at_unprepar
     dyn: tuple[Running, StandinMigManager], claims: ClaimMaker, node_name: str
 ) -> None:
     plugin, mig = dyn
-    nvml = plugin.driver.nvml
+    nvml = plugin.app.nvml
     claim = claims("m", results=[result("gpu-1-mig-3g-40gb-4", pool=node_name)])
     uid = claim["metadata"]["uid"]
     answer = plugin.client.prepare([ref(claim)])[uid]
@@ -183,5 +183,5 @@ def test_a_failed_prepare_destroys_the_instance_it_created(
     uid = claim["metadata"]["uid"]
     error = plugin.client.prepare([ref(claim)])[uid].error
     assert "mig-manager CreateInstance" in error
-    assert plugin.driver.nvml.mig_devices(0) == []
+    assert plugin.app.nvml.mig_devices(0) == []
     assert uid not in plugin.state.committer.read().claims

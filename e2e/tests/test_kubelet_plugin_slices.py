@@ -251,7 +251,7 @@ def test_falls_back_to_an_older_version_when_the_server_lacks_v1(
         harness = Harness(short_dir, sandbox.kubeconfig, nvml, node_name=node)
         try:
             running = harness.start(raw=OlderServer(harness.raw(), version))
-            assert running.driver.helper.api.server.group_version == f"resource.k8s.io/{version}"
+            assert running.app.helper.api.server.group_version == f"resource.k8s.io/{version}"
             group_version = f"resource.k8s.io/{version}"
             slices = wait_for(
                 lambda: node_slices(kube, node, group_version=group_version), 10, "the slices"

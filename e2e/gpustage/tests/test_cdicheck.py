@@ -16,6 +16,7 @@ import pytest
 from e2e.gpustage import cdicheck
 from e2e.gpustage.cdicheck import CdiResult, check_cdi
 from gpuslice_core.cdi import ClaimSpecs, load_spec
+from gpuslice_core.driverroot import DriverRoot
 from gpuslice_kubelet_plugin.cdispecs import CdiWriter, device_env
 from gpuslice_kubelet_plugin.checkpoint import ClaimRecord, DeviceRecord
 from gpuslice_nvml import GpuInfo
@@ -164,7 +165,7 @@ def test_the_spec_is_the_one_the_plugins_writer_gives(tmp_path: Path, dev_root: 
         (1, "whole"),
         (1, "shared"),
     ]
-    ours = CdiWriter(ClaimSpecs(tmp_path / "ours"), dev_root=dev_root)
+    ours = CdiWriter(ClaimSpecs(tmp_path / "ours"), driver=DriverRoot(dev_root))
     for gpu, whole in zip(gpus, by_kind(results, "whole"), strict=True):
         spec = load_spec(whole.spec_path)
         [device] = spec.devices

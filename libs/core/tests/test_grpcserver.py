@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -15,7 +16,12 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gpuslice_core.errors import FailedPreconditionError, ResourceExhaustedError
-from gpuslice_core.grpcserver import UnixGrpcServer, check_health, remove_stale_socket
+from gpuslice_core.grpcserver import (
+    StopSignals,
+    UnixGrpcServer,
+    check_health,
+    remove_stale_socket,
+)
 
 SERVICE = "test.Probe"
 
@@ -246,3 +252,21 @@ def test_explicit_modes_whatever_the_umask(tmp_path: Path) -> None:
         assert stat.S_IMODE(tmp_path.stat().st_mode) != 0o750  # an existing one: left alone
     finally:
         running.server.stop(grace=0)
+
+
+def test_a_stop_signal_during_start_up_is_kept_and_ends_the_wait_at_once() -> None:
+    """The services make ``StopSignals`` before they start: a SIGTERM that comes between
+    "ready" and the wait stops them cleanly instead of killing them by the default action."""
+    before = signal.getsignal(signal.SIGTERM)
+    signals = StopSignals()
+    os.kill(os.getpid(), signal.SIGTERM)  # while "starting"
+    assert signals.received == signal.SIGTERM
+    assert signals.wait() == signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_setting_done_ends_the_wait_without_a_signal() -> None:
+    done = threading.Event()
+    signals = StopSignals(done)
+    threading.Timer(0.05, done.set).start()
+    assert signals.wait() == 0

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from gpuslice_nvml import mock
 from gpuslice_nvml.fake import FakeNvml, FakeNvmlControl
 
 WriteConfig = Callable[[str], Path]
@@ -59,3 +61,8 @@ def fake(mixed_config: Path) -> FakeNvml:
 @pytest.fixture
 def control(mixed_config: Path) -> FakeNvmlControl:
     return FakeNvmlControl.from_config_file(mixed_config)
+
+
+#: The one-model tests need the mock libnvidia-ml loaded; tests/mock/test_on_mock.py runs them
+#: in a child process that has it.
+collect_ignore = [] if os.environ.get(mock.ON_MOCK_ENV) == "1" else ["onmock"]

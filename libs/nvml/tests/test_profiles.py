@@ -15,7 +15,7 @@ from gpuslice_nvml.types import MIB
         (9856, 40960, 10),
         (9984, 81559, 10),  # H100 1g.10gb: 9.75 GiB of 79.6 GiB
         (40448, 81559, 40),
-        (71168, 143771, 71),  # H200 3g.71gb: 70.5 rounds half away from zero, like Go
+        (71424, 143771, 71),  # H200 3g.71gb: 70.5 rounds half away from zero, like Go
         (16384, 143771, 18),  # H200 1g.18gb: 1/8 of 141 GB = 17.625
     ],
 )

@@ -18,7 +18,7 @@ from gpuslice_view.live import LivePoller, NodeLive, ShareLive, Target
 from gpuslice_view.model import ClusterView
 
 pytestmark = pytest.mark.timeout(30)
-SHARE = ["claim_uid", "namespace", "claim", "device"]
+SHARE = ["claim_uid", "device"]
 
 
 def enforcer_text(*shares: tuple[str, str, str, int, float]) -> str:
@@ -30,8 +30,8 @@ def enforcer_text(*shares: tuple[str, str, str, int, float]) -> str:
     sm = Gauge(f"{p}_sm_percent", "s", SHARE, registry=r)
     sm_limit = Gauge(f"{p}_sm_limit_percent", "s", SHARE, registry=r)
     Gauge("gpuslice_enforcer_other", "o", registry=r).set(5)
-    for ns, name, uuid, memory, percent in shares:
-        labels = ("uid-" + name, ns, name, uuid)
+    for _namespace, name, uuid, memory, percent in shares:
+        labels = ("uid-" + name, uuid)
         used.labels(*labels).set(memory)
         limit.labels(*labels).set(20 * GIB)
         sm.labels(*labels).set(percent)
@@ -42,8 +42,8 @@ def enforcer_text(*shares: tuple[str, str, str, int, float]) -> str:
 def test_parse_keeps_one_record_per_share() -> None:
     text = enforcer_text(("ml", "a", "GPU-0", 3 * GIB, 25.5), ("ml", "b", "GPU-0", GIB, 0))
     assert live.parse(text) == {
-        ("ml", "a", "GPU-0"): ShareLive(3 * GIB, 20 * GIB, 25.5, 30),
-        ("ml", "b", "GPU-0"): ShareLive(GIB, 20 * GIB, 0, 30),
+        ("uid-a", "GPU-0"): ShareLive(3 * GIB, 20 * GIB, 25.5, 30),
+        ("uid-b", "GPU-0"): ShareLive(GIB, 20 * GIB, 0, 30),
     }
     assert live.parse("") == {}
 
@@ -139,7 +139,7 @@ def test_a_slow_or_dead_enforcer_stalls_nobody_and_shows_no_numbers(
     began = time.monotonic()
     got = poller.poll_once()
     assert time.monotonic() - began < 2.5  # the slow target's 3 s are not waited for
-    assert got["fast"].error == "" and got["fast"].shares[("ml", "a", "GPU-A")].sm_used == 25
+    assert got["fast"].error == "" and got["fast"].shares[("uid-a", "GPU-A")].sm_used == 25
     assert got["slow"].shares == {} and got["slow"].error  # timed out
     assert got["dead"].shares == {} and got["dead"].error
     assert published == [got]
@@ -159,21 +159,30 @@ def test_the_view_joins_usage_per_share_and_marks_stale_and_unknown_nodes() -> N
     uuid = view.find("node-a/0").uuid
     now = 1000.0
     view.live = {
-        "node-a": NodeLive("node-a", "u", now - 2, {("ml", "a", uuid): ShareLive(3 * GIB, 0, 25)}),
+        "node-a": NodeLive(
+            "node-a",
+            "u",
+            now - 2,
+            {
+                ("uid-a", uuid): ShareLive(3 * GIB, 0, 25),
+                # a claim deleted since the scrape: counted on the device, named nowhere
+                ("uid-gone", uuid): ShareLive(GIB, 0, 5),
+            },
+        ),
     }
     rows = {r["ref"]: r for r in (report.gpu_row(view, u, now) for u in view.usage().values())}
     gpu0 = rows["node-a/0"]
-    assert gpu0["live"] == {"state": "ok", "memoryUsed": 3 * GIB, "smUsed": 25, "ageSeconds": 2}
+    assert gpu0["live"] == {"state": "ok", "memoryUsed": 4 * GIB, "smUsed": 30, "ageSeconds": 2}
     a, b = gpu0["allocations"]
     assert (a["memoryUsed"], a["smUsed"]) == (3 * GIB, 25)
     assert (b["memoryUsed"], b["smUsed"]) == (None, None)  # no series for it: unknown, not 0
     assert rows["node-a/1"]["live"]["memoryUsed"] == 0  # the enforcer answers; nothing runs
     assert rows["node-b/0"]["live"] == {"state": "unknown", "memoryUsed": None, "smUsed": None}
     text = report.describe_gpu(gpu0)
-    assert "Used:       3Gi memory, 25% SM (enforcer, 2s ago)" in text
+    assert "Used:       4Gi memory, 30% SM (enforcer, 2s ago)" in text
     assert "ml/a    gpu       30%     20Gi     25%       3Gi        -" in text
     table = report.gpu_table(list(rows.values())).splitlines()
-    assert table[1].split()[-4:-2] == ["25%", "3Gi"] and table[3].split()[-4:-2] == ["-", "-"]
+    assert table[1].split()[-4:-2] == ["30%", "4Gi"] and table[3].split()[-4:-2] == ["-", "-"]
     claim_a = report.claim_row(view, view.claims[("ml", "a")], now)
     assert claim_a["devices"][0]["memoryUsed"] == 3 * GIB
 

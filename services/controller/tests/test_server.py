@@ -15,9 +15,10 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 
-from gpuslice_controller import certs
-from gpuslice_controller.admission import Decision, Request
-from gpuslice_controller.server import ServingCert, WebhookServer
+from gpuslice_controller.admission.review import Decision, Request
+from gpuslice_controller.server import WebhookServer
+from gpuslice_controller.tls import certs
+from gpuslice_controller.tls.serving import ServingCert
 
 NOW = dt.datetime.now(dt.UTC)
 

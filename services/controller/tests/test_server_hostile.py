@@ -17,10 +17,12 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from gpuslice_controller import admission, certs
-from gpuslice_controller.admission import Decision, Request
+from gpuslice_controller.admission import review as admission
+from gpuslice_controller.admission.review import Decision, Request
 from gpuslice_controller.connections import Connections, Limits
-from gpuslice_controller.server import ServingCert, WebhookServer
+from gpuslice_controller.server import WebhookServer
+from gpuslice_controller.tls import certs
+from gpuslice_controller.tls.serving import ServingCert
 from gpuslice_testkit.core import wait_for
 
 NOW = dt.datetime.now(dt.UTC)

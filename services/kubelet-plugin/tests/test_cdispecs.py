@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpuslice_core.cdi import ClaimSpecs, ContainerEdits, Hook, load_spec, resolve
+from gpuslice_core.driverroot import DriverRoot
 from gpuslice_kubelet_plugin.cdispecs import CdiWriter, device_env
 from gpuslice_kubelet_plugin.checkpoint import ClaimRecord, DeviceRecord
 
@@ -19,7 +20,7 @@ def writer(tmp_path: Path) -> CdiWriter:
     dev.mkdir(parents=True)
     for name in ("nvidia0", "nvidia1", "nvidiactl"):
         (dev / name).touch()
-    return CdiWriter(ClaimSpecs(tmp_path / "cdi"), dev_root=tmp_path / "driver")
+    return CdiWriter(ClaimSpecs(tmp_path / "cdi"), driver=DriverRoot(tmp_path / "driver"))
 
 
 def record(uid: str, *devices: DeviceRecord, shared: bool = True) -> ClaimRecord:
@@ -116,3 +117,48 @@ def test_records_from_before_devices_were_marked_shared_keep_their_hooks(
     legacy = record("old", gpu(0, "gpu", cores=30))
     ids = w.write(legacy, {"GPU-0": 0})
     assert resolve(tmp_path / "cdi", ids["old-gpu-0"]).hooks == [HOOK]
+
+
+def test_a_mig_device_gets_its_capability_nodes_and_every_device_the_drivers_files(
+    tmp_path: Path,
+) -> None:
+    """What a real GPU container needs besides its node: the MIG instance's capability nodes
+    (static: its own compute instance; made for the claim: its whole GPU instance), the
+    driver's libraries, and NVIDIA_VISIBLE_DEVICES=void so NVIDIA's hook adds no GPU."""
+    root = tmp_path / "driver"
+    (root / "dev").mkdir(parents=True)
+    (root / "dev" / "nvidia0").touch()
+    lib = root / "usr/lib64"
+    lib.mkdir(parents=True)
+    (lib / "libcuda.so.580.1").write_bytes(b"\x7fELF")
+    (lib / "libcuda.so.1").symlink_to("libcuda.so.580.1")
+    caps = tmp_path / "proc" / "driver" / "nvidia" / "capabilities" / "gpu0" / "mig"
+    for path, minor in (
+        ("gi3", 30),
+        ("gi3/ci0", 31),
+        ("gi3/ci1", 32),
+        ("gi5", 50),
+        ("gi5/ci0", 51),
+    ):
+        (caps / path).mkdir(parents=True)
+        (caps / path / "access").write_text(f"DeviceFileMinor: {minor}\n")
+    (tmp_path / "proc" / "devices").write_text("241 nvidia-caps\n")
+    w = CdiWriter(ClaimSpecs(tmp_path / "cdi"), driver=DriverRoot(root, proc=tmp_path / "proc"))
+    static = gpu(0, "small", device="gpu-0-mig-1c-0", kind="mig", uuid="MIG-a", cores=None)
+    dynamic = gpu(0, "made", device="gpu-0-mig-3g-4", kind="mig", uuid="MIG-b", cores=None)
+    dynamic.gpu_instance_id = 5
+    ids = w.write(record("u1", static, dynamic, shared=False), {"GPU-0": 0}, {"MIG-a": (3, 1)})
+
+    mine = resolve(tmp_path / "cdi", ids["u1-gpu-0-mig-1c-0"])
+    assert [(n.path, n.major, n.minor) for n in mine.device_nodes] == [
+        ("/dev/nvidia0", 0, 0),
+        ("/dev/nvidia-caps/nvidia-cap30", 241, 30),
+        ("/dev/nvidia-caps/nvidia-cap32", 241, 32),  # compute instance 1, not its sibling 0
+    ]
+    made = resolve(tmp_path / "cdi", ids["u1-gpu-0-mig-3g-4"])
+    assert [n.minor for n in made.device_nodes[1:]] == [50, 51]
+    assert "NVIDIA_VISIBLE_DEVICES=void" in mine.env
+    assert {m.container_path: m.host_path for m in mine.mounts} == {
+        "/usr/lib64/libcuda.so.1": str(lib / "libcuda.so.580.1"),
+        "/usr/lib64/libcuda.so.580.1": str(lib / "libcuda.so.580.1"),
+    }

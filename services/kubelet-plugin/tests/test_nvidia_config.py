@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 
 from gpuslice_api.gpuconfig import decode
+from gpuslice_api.names import DRIVER
 from gpuslice_core.errors import InvalidArgumentError
 from gpuslice_draplugin import ClaimRef
 from gpuslice_kubelet_plugin.claims import ClaimError, parse_claim
-from gpuslice_kubelet_plugin.discovery import DRIVER, Inventory, discover
+from gpuslice_kubelet_plugin.discovery import Inventory, discover
 from gpuslice_kubelet_plugin.plan import Plan, make_plan
 from gpuslice_testkit.kubelet_plugin.dra import gpu_config, result
 from gpuslice_testkit.kubelet_plugin.harness import Node

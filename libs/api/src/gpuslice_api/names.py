@@ -2,8 +2,8 @@
 
 The DRA driver, its DeviceClasses and opaque config, the CDI vendor, and the labels and
 annotations more than one component reads or writes. A component that needs one imports it from
-here; a flag that lets an operator change one (the controller's ``--driver-name``) defaults to
-it. Names only one module uses stay in that module.
+here; a flag that lets an operator change one (the controller's ``--gpu-device-classes``)
+defaults to it. Names only one module uses stay in that module.
 """
 
 from __future__ import annotations
@@ -29,3 +29,15 @@ MODE_LABEL = "gpuslice.dev/mode"
 #: Node labels of the MIG manager: the layout asked for, and how applying it went.
 MIG_CONFIG_LABEL = "gpuslice.dev/mig.config"
 MIG_STATE_LABEL = "gpuslice.dev/mig.config.state"
+
+#: Pod annotation holding the original request of a pod the controller translated to DRA (its
+#: presence means the pod is translated already); the pod label that opts out (``"false"``);
+#: the label on the claim templates the controller makes, naming the dialect.
+TRANSLATED_ANNOTATION = f"{DRIVER}/translated-from"
+TRANSLATE_LABEL = f"{DRIVER}/translate"
+DIALECT_LABEL = f"{DRIVER}/dialect"
+
+#: The API group of the virtual resource ``gpus`` that callers of the cluster view's endpoints
+#: must be allowed to ``get`` (a SubjectAccessReview; the chart's ClusterRole gpuslice-view
+#: grants it). Nothing serves it: it exists only to be authorized.
+VIEW_GROUP = DRIVER

@@ -310,22 +310,44 @@ def check_health(socket: Path, service: str = "", timeout: float = 2.0) -> bool:
     return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
 
-def wait_for_signal(
-    signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT), done: threading.Event | None = None
-) -> int:
-    """Block the main thread until one of ``signals`` arrives; return its number. With ``done``
-    the signal sets that event, and anything else that sets it ends the wait too (then: 0)."""
-    received: list[int] = []
-    done = done or threading.Event()
+class StopSignals:
+    """SIGTERM and SIGINT caught from the moment this is made (on the main thread).
 
-    def handler(signum: int, _frame: FrameType | None) -> None:
-        received.append(signum)
-        done.set()
+    Make it before starting anything: a service that installs its handler only once it is
+    running leaves a window, after it answers ready and before the handler, in which the
+    kubelet's SIGTERM takes the default action and kills it mid-start (no lease released, no
+    socket removed). A signal that arrives during start-up is kept, and ``wait`` returns at
+    once. ``done``: set by a signal; anything else that sets it ends the wait too (then: 0).
+    """
 
-    previous = {s: signal.signal(s, handler) for s in signals}
-    try:
-        done.wait()
-    finally:
-        for s, h in previous.items():
+    def __init__(
+        self,
+        done: threading.Event | None = None,
+        signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT),
+    ) -> None:
+        self.done = done or threading.Event()
+        self._received: list[int] = []
+        self._previous = {s: signal.signal(s, self._handler) for s in signals}
+
+    def _handler(self, signum: int, _frame: FrameType | None) -> None:
+        self._received.append(signum)
+        self.done.set()
+
+    @property
+    def received(self) -> int:
+        """The first signal received; 0 when none has been."""
+        return self._received[0] if self._received else 0
+
+    def wait(self) -> int:
+        """Block until a signal (or ``done``); return the signal's number (0: none), and give
+        the signals back to the handlers they had before."""
+        try:
+            self.done.wait()
+        finally:
+            self.restore()
+        return self.received
+
+    def restore(self) -> None:
+        for s, h in self._previous.items():
             signal.signal(s, h)
-    return received[0] if received else 0
+        self._previous = {}

@@ -13,7 +13,10 @@ cache. Slices stay in the API (a restarted driver takes them over; the kubelet d
 30 s after the driver is gone).
 
 Building the helper before the driver's own state lets a driver hand ``helper.claims`` (the
-claim cache and API reads) to that state, then start everything in its own order.
+claim cache and API reads) to that state, then start everything in its own order. A driver whose
+plugin object needs that state built first (so that nothing is half-built) detects the API and
+builds the claim cache itself and passes them as ``api`` and ``claims``; the helper then uses
+those instead of its own.
 
 Test switches are options: ``node_v1``/``node_v1beta1``/``registration`` serve less,
 ``versions``/``plugin_type`` advertise something else, ``sockets`` puts the sockets elsewhere,
@@ -67,6 +70,8 @@ class Helper:
         versions: Sequence[str] | None = None,
         plugin_type: str = "DRAPlugin",
         interceptors: Sequence[grpc.ServerInterceptor] = (),
+        api: ResourceApi | None = None,
+        claims: ClaimCache | None = None,
     ) -> None:
         """``driver``: the DRA driver name; ``node``: this node (and the name of the pool a
         health source's devices belong to). ``raw``: the API client; it is needed for
@@ -75,16 +80,22 @@ class Helper:
         ``v1alpha1.DRAResourceHealth`` from it. ``claim_cache``: keep the claims allocated to
         ``node``'s pool in a watch-fed cache (off: ``claims.get`` always misses). ``metrics``:
         where the helper's metrics go (default: a registry of its own). ``workers``: threads
-        for DRA calls."""
+        for DRA calls. ``api``/``claims``: resource.k8s.io as the driver detected it and the
+        claim cache it built (``raw`` is then not needed); the helper starts and stops that
+        cache as its own."""
         self.driver = driver
         self.node = node
-        self.raw = raw
+        self.raw = raw if raw is not None or api is None else api.raw
         self.metrics = metrics or HelperMetrics("draplugin")
         self.sockets = sockets or Sockets.for_driver(
             driver, registrar_dir=registrar_dir, plugins_dir=plugins_dir, pod_uid=pod_uid
         )
-        self._api = ResourceApi(raw, detect(raw)) if raw is not None else None
-        self._claims = ClaimCache(self._api, driver=driver, pool=node) if self._api else None
+        if api is None and raw is not None:
+            api = ResourceApi(raw, detect(raw))
+        self._api = api
+        if claims is None and api is not None:
+            claims = ClaimCache(api, driver=driver, pool=node)
+        self._claims = claims
         self._claim_cache = claim_cache
         self._lock = threading.Lock()
         self._started = False

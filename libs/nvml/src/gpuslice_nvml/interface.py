@@ -145,7 +145,8 @@ class Nvml(Protocol):
         ...
 
     def gpu_instance_profiles(self, gpu: int) -> list[GpuInstanceProfile]:
-        """The GPU-instance profiles the GPU offers, with their possible placements."""
+        """The GPU-instance profiles the GPU offers, with their possible placements, smallest
+        first as ``nvidia-smi mig -lgip`` lists them (slices, then memory, then NVML enum)."""
         ...
 
     def remaining_capacity(self, gpu: int, profile_id: int) -> int:

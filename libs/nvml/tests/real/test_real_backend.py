@@ -169,14 +169,15 @@ def test_profiles_skip_unsupported_enums_and_get_go_nvlib_names(
     nvml: RealNvml, stub: StubH100
 ) -> None:
     profiles = nvml.gpu_instance_profiles(0)
+    # asked enum by enum, listed smallest first like nvidia-smi and the fake
     assert [p.name for p in profiles] == [
         "1g.10gb",
+        "1g.10gb+me",
+        "1g.20gb",
         "2g.20gb",
         "3g.40gb",
         "4g.40gb",
         "7g.80gb",
-        "1g.10gb+me",
-        "1g.20gb",
     ]
     by_name = {p.name: p for p in profiles}
     assert by_name["1g.20gb"].placements == tuple(Placement(s, 2) for s in (0, 2, 4, 6))

@@ -2,9 +2,11 @@
 
 The source is the enforcers' own Prometheus endpoint (docs/enforcer.md, "Metrics"): per share
 and device, ``gpuslice_enforcer_share_memory_used_bytes``, ``..._memory_limit_bytes``,
-``..._sm_percent`` and ``..._sm_limit_percent`` with labels ``namespace``, ``claim`` and
-``device`` (the GPU or MIG UUID). No new API on the node: the figures are the ones Prometheus
-already scrapes, and a node without an enforcer simply has none.
+``..._sm_percent`` and ``..._sm_limit_percent`` with labels ``claim_uid`` and ``device`` (the
+GPU or MIG UUID). No new API on the node: the figures are the ones Prometheus already scrapes,
+and a node without an enforcer simply has none. The enforcer names a share by its claim's UID
+only (its endpoint needs no credentials); the view, which may read claims, puts the name back
+(``ClusterView.live_of``).
 
 The enforcers are found through the Kubernetes API: the node pods of the chart (a label
 selector, in the release namespace), each at its pod IP and the container port named
@@ -47,8 +49,8 @@ _FIELDS = {
     "sm_limit_percent": "sm_limit",
 }
 
-ShareKey = tuple[str, str, str]
-"""(namespace, claim, device UUID): how the enforcer labels a share's series."""
+ShareKey = tuple[str, str]
+"""(claim UID, device UUID): how the enforcer labels a share's series."""
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,7 @@ def parse(text: str) -> dict[ShareKey, ShareLive]:
             continue
         for sample in family.samples:
             labels = sample.labels
-            key = (labels.get("namespace", ""), labels.get("claim", ""), labels.get("device", ""))
+            key = (labels.get("claim_uid", ""), labels.get("device", ""))
             found.setdefault(key, {})[attr] = sample.value
     return {
         key: ShareLive(

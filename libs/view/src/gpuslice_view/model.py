@@ -113,6 +113,8 @@ class ClusterView:
     """Seconds after which a node's last good scrape no longer counts as current."""
     _index: dict[DeviceKey, Device] | None = field(default=None, repr=False, compare=False)
     """Devices by key, rebuilt on the first lookup after a slice changed (derived, not state)."""
+    _uids: dict[str, ClaimKey] | None = field(default=None, repr=False, compare=False)
+    """Claim keys by UID, rebuilt on the first lookup after a claim changed (derived)."""
 
     @classmethod
     def build(
@@ -142,6 +144,7 @@ class ClusterView:
             self._index = None
         elif kind == "ResourceClaim":
             _put(self.claims, key, None if deleted else claim_from(obj))
+            self._uids = None
         elif kind == "Pod":
             _put(self.pods, key, None if deleted else pod_from(obj))
         elif kind == "DeviceClass":
@@ -199,14 +202,23 @@ class ClusterView:
         age = max(now - node.at, 0.0)
         if state != "ok":
             return Live(state, age, node.error)
-        shares = {
-            (namespace, claim): share
-            for (namespace, claim, uuid), share in node.shares.items()
+        on = [
+            (uid, share)
+            for (uid, uuid), share in node.shares.items()
             if device.uuid and uuid.lower() == device.uuid.lower()
-        }
-        memory = sum(s.memory_used for s in shares.values())
-        sm = sum(s.sm_used for s in shares.values())
-        return Live("ok", age, "", memory, sm, shares)
+        ]
+        # The enforcer names shares by claim UID. A UID no claim here has (deleted since, or
+        # not seen yet) still counts in the device's total, but has no name to be shown under.
+        names = self._claims_by_uid()
+        named = {names[uid]: share for uid, share in on if uid in names}
+        memory = sum(s.memory_used for _, s in on)
+        sm = sum(s.sm_used for _, s in on)
+        return Live("ok", age, "", memory, sm, named)
+
+    def _claims_by_uid(self) -> dict[str, ClaimKey]:
+        if self._uids is None:
+            self._uids = {c.uid: c.key for c in self.claims.values() if c.uid}
+        return self._uids
 
     def device_of(self, key: DeviceKey) -> Device | None:
         if self._index is None:

@@ -1,5 +1,6 @@
-"""The controller's view API as both ends name it: the controller serves it (``viewapi``) and
-``kubectl gpuslice`` calls it (``gpuslice_kubectl.remote``)."""
+"""The controller's view API as both ends name it: the controller serves it
+(``gpuslice_controller.view.api``) and ``kubectl gpuslice`` calls it
+(``gpuslice_kubectl.remote``)."""
 
 from __future__ import annotations
 

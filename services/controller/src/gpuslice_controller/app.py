@@ -1,46 +1,54 @@
-"""Assembly and start/stop order of the controller.
+"""Assembly of the controller, and its start and stop order.
+
+``ControllerApp(settings)`` builds every part or raises (nothing is half-built): the API client
+and the resource.k8s.io version, the admission reviewers and their caches, the cluster view and
+its endpoints, metrics and Events, the serving certificate and its Secret watch, the HTTPS
+server, the certificate rotator and the leader election. ``start``/``stop`` only start and stop
+them; ``run(settings)`` is the process.
 
 Start: API client → resource.k8s.io version → caches (our ResourceSlices, the claim templates
 this controller made, the TLS Secret) → the cluster view (``ViewFeeder``, on every replica) →
 HTTPS server → leader election (the leader manages the certificates) → metrics. The server
 answers /readyz only once a certificate is loaded, the admission caches have synced and both
-webhook configurations carry a CA bundle that trusts the served certificate (``bundleready``),
-so no review is answered from an empty cache and none fails with an unknown authority; it does
-not wait for the view, so admission never depends on it (the view's own endpoints answer 503
-until it has synced). Stop (SIGTERM, SIGINT): readiness goes first, then the server finishes the
-reviews in flight, then the caches and the view stop.
+webhook configurations carry a CA bundle that trusts the served certificate
+(``tls.bundleready``), so no review is answered from an empty cache and none fails with an
+unknown authority; it does not wait for the view, so admission never depends on it (the view's
+own endpoints answer 503 until it has synced). Stop (SIGTERM, SIGINT): readiness goes first, then
+the server finishes the reviews in flight, then the caches and the view stop.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import socket
 import threading
-from pathlib import Path
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import REGISTRY
 
-from gpuslice_controller import __version__, certs, rotation
-from gpuslice_controller.auth import Authorizer, Reviewer
-from gpuslice_controller.bundleready import BundleReadiness
-from gpuslice_controller.diagnose import Diagnostics
-from gpuslice_controller.inventory import GpuInventory
+from gpuslice_api.names import DRIVER
+from gpuslice_controller import __version__
+from gpuslice_controller.admission.inventory import GpuInventory
+from gpuslice_controller.admission.mutate import PodTranslator
+from gpuslice_controller.admission.translate import ClusterFacts
+from gpuslice_controller.admission.validate import ClaimValidator, Classes
+from gpuslice_controller.cli import Settings
 from gpuslice_controller.leader import Leadership
-from gpuslice_controller.mutate import PodTranslator
-from gpuslice_controller.server import ServingCert, WebhookServer
-from gpuslice_controller.translate import ClusterFacts
-from gpuslice_controller.validate import ClaimValidator, Classes
-from gpuslice_controller.viewapi import ViewApi
-from gpuslice_controller.viewmetrics import ViewCollector
+from gpuslice_controller.server import WebhookServer
+from gpuslice_controller.tls import certs, rotation
+from gpuslice_controller.tls.bundleready import BundleReadiness
+from gpuslice_controller.tls.serving import ServingCert, TlsSecretWatch
+from gpuslice_controller.view.api import ViewApi
+from gpuslice_controller.view.auth import Authorizer, Reviewer
+from gpuslice_controller.view.diagnose import Diagnostics
+from gpuslice_controller.view.metrics import ViewCollector
 from gpuslice_core import metrics
 from gpuslice_core.errors import FailedPreconditionError, GpusliceError
-from gpuslice_core.grpcserver import wait_for_signal
+from gpuslice_core.grpcserver import StopSignals
 from gpuslice_core.logging import configure, get_logger
 from gpuslice_kube.client import new_api_client
 from gpuslice_kube.discovery import RESOURCE_VERSIONS, served_versions
-from gpuslice_kube.raw import Obj, RawApi
-from gpuslice_kube.reflector import Reflector
+from gpuslice_kube.raw import RawApi
 from gpuslice_view.feed import ViewFeeder
 from gpuslice_view.live import LivePoller, discover
 
@@ -66,184 +74,173 @@ def resource_api_version(raw: RawApi, wanted: str) -> str:
     return wanted
 
 
-class TlsSecretWatch:
-    """Loads the serving certificate from the TLS Secret whenever it changes (every replica)."""
+class ControllerApp:
+    """The whole controller replica, built and ready to start."""
 
-    def __init__(self, raw: RawApi, namespace: str, secret: str, cert: ServingCert) -> None:
-        self.cert = cert
-        self.secret = secret
-        self.reflector = Reflector(
-            raw,
-            rotation.secret_path(namespace),
-            self._on_event,
-            field_selector=f"metadata.name={secret}",
+    def __init__(self, settings: Settings) -> None:
+        s = self.settings = settings
+        api_client = new_api_client(
+            s.kubeconfig, user_agent=f"gpuslice-controller/{__version__}", pool_size=32
         )
-
-    def _on_event(self, event_type: str, obj: Obj) -> None:
-        if event_type == "DELETED":
-            log.warning("TLS secret deleted; serving the last certificate", secret=self.secret)
-            return
-        data = rotation.decode_data(obj)
-        cert, key = data.get(certs.TLS_CERT), data.get(certs.TLS_KEY)
-        if not cert or not key:
-            log.info("TLS secret has no certificate yet", secret=self.secret)
-            return
-        try:
-            self.cert.load(cert, key)
-        except (ValueError, OSError) as exc:  # ssl.SSLError is an OSError
-            log.error(
-                "TLS secret holds an unusable certificate", secret=self.secret, error=str(exc)
-            )
-
-
-def run(args: argparse.Namespace) -> int:
-    configure(component="controller", level=args.log_level)
-    try:
-        return _run(args)
-    except GpusliceError as exc:
-        log.error("cannot start", error=str(exc))
-        return 1
-
-
-def _run(args: argparse.Namespace) -> int:
-    api_client = new_api_client(
-        args.kubeconfig, user_agent=f"gpuslice-controller/{__version__}", pool_size=32
-    )
-    raw = RawApi(api_client)
-    version = resource_api_version(raw, args.resource_api)
-    identity = args.identity or f"{socket.gethostname()}-{os.getpid()}"
-    classes = Classes(
-        args.driver_name, frozenset(args.gpu_device_classes), frozenset(args.mig_device_classes)
-    )
-    inventory = GpuInventory(raw, driver=args.driver_name, version=version)
-    validator = ClaimValidator(classes, inventory.max_gpu_memory)
-    translator = PodTranslator(
-        raw,
-        version=version,
-        facts=lambda: ClusterFacts(inventory.gpu_memory_sizes()),
-        driver=args.driver_name,
-        device_class=args.gpu_device_classes[0],
-    )
-    feeder = ViewFeeder(raw, driver=args.driver_name) if args.cluster_view else None
-    view_api = None
-    if feeder is not None:
-        # A caller waits for its reviews: a short deadline, not the writers' minute of retries.
-        reviewer = Reviewer(RawApi(api_client, deadline=5.0))
-        view_api = ViewApi(feeder, Authorizer(reviewer, ttl=args.view_auth_ttl))
-    cert = ServingCert(Path(args.cert_dir))
-    secret_watch = TlsSecretWatch(raw, args.namespace, args.tls_secret, cert)
-    webhooks = rotation.WebhookConfigs(args.validating_webhooks, args.mutating_webhooks)
-    bundles = BundleReadiness(raw, webhooks, lambda: cert.chain)
-    server = WebhookServer(
-        metrics.parse_addr(args.webhook_addr),
-        cert,
-        {"validate": ("claims", validator.review), "mutate": ("pods", translator.review)},
-        readiness={
-            "the ResourceSlice cache": inventory.synced,
-            "the claim template cache": translator.synced,
-            "the CA bundle in the webhook configurations": bundles.ready,
-        },
-        view=view_api,
-    )
-    leadership: Leadership | None = None
-    rotator: rotation.Rotator | None = None
-    if args.manage_certificates:
-        if not args.cert_hosts:
-            raise FailedPreconditionError(
-                "--manage-certificates needs --cert-hosts (the names the API server calls)"
-            )
-        rotator = rotation.Rotator(
+        raw = RawApi(api_client)
+        self.version = resource_api_version(raw, s.resource_api)
+        self.identity = s.identity or f"{socket.gethostname()}-{os.getpid()}"
+        self.stopping = threading.Event()
+        classes = Classes(DRIVER, frozenset(s.gpu_device_classes), frozenset(s.mig_device_classes))
+        self.inventory = GpuInventory(raw, driver=DRIVER, version=self.version)
+        validator = ClaimValidator(classes, self.inventory.max_gpu_memory)
+        self.translator = PodTranslator(
             raw,
-            namespace=args.namespace,
-            secret=args.tls_secret,
-            webhooks=webhooks,
-            policy=certs.Policy(tuple(args.cert_hosts), args.ca_validity, args.cert_validity),
+            version=self.version,
+            facts=lambda: ClusterFacts(self.inventory.gpu_memory_sizes()),
+            driver=DRIVER,
+            device_class=s.gpu_device_classes[0],
         )
-    interval = args.cert_check_interval
+        self.feeder = ViewFeeder(raw, driver=DRIVER) if s.cluster_view else None
+        view_api = None
+        if self.feeder is not None:
+            # A caller waits for its reviews: a short deadline, not the writers' minute of
+            # retries.
+            reviewer = Reviewer(RawApi(api_client, deadline=5.0))
+            view_api = ViewApi(self.feeder, Authorizer(reviewer, ttl=s.view_auth_ttl))
+        cert = ServingCert(s.cert_dir)
+        self.secret_watch = TlsSecretWatch(raw, s.namespace, s.tls_secret, cert)
+        webhooks = rotation.WebhookConfigs(s.validating_webhooks, s.mutating_webhooks)
+        self.bundles = BundleReadiness(raw, webhooks, lambda: cert.chain)
+        self.server = WebhookServer(
+            metrics.parse_addr(s.webhook_addr),
+            cert,
+            {
+                "validate": ("claims", validator.review),
+                "mutate": ("pods", self.translator.review),
+            },
+            readiness={
+                "the ResourceSlice cache": self.inventory.synced,
+                "the claim template cache": self.translator.synced,
+                "the CA bundle in the webhook configurations": self.bundles.ready,
+            },
+            view=view_api,
+        )
+        self.rotator: rotation.Rotator | None = None
+        if s.manage_certificates:
+            self.rotator = rotation.Rotator(
+                raw,
+                namespace=s.namespace,
+                secret=s.tls_secret,
+                webhooks=webhooks,
+                policy=certs.Policy(s.cert_hosts, s.ca_validity, s.cert_validity),
+            )
+        self.poller: LivePoller | None = None
+        if self.feeder is not None and s.live_usage_interval > 0:
+            lister = RawApi(api_client, deadline=10.0)
+            where = s.enforcer_namespace or s.namespace
+            self.feeder.view.live_stale_after = 3 * s.live_usage_interval + s.live_usage_timeout
+            self.poller = LivePoller(
+                lambda: discover(lister, where, s.enforcer_selector),
+                self.feeder.set_live,
+                interval=s.live_usage_interval,
+                timeout=s.live_usage_timeout,
+            )
+        self.collector = ViewCollector(self.feeder) if self.feeder is not None else None
+        self.diagnostics: Diagnostics | None = None
+        if self.feeder is not None:
+            self.diagnostics = Diagnostics(
+                self.feeder.read,
+                RawApi(api_client, deadline=10.0),
+                resource_api=self.version,
+                leading=self._leading,
+                identity=self.identity,
+                interval=s.event_interval,
+            )
+        self.leadership: Leadership | None = None
+        self.solo: threading.Thread | None = None
+        if s.leader_elect:
+            self.leadership = Leadership(
+                api_client,
+                namespace=s.namespace,
+                name=s.lease_name,
+                identity=self.identity,
+                lead=self._lead,
+            )
+        else:
+            self.solo = threading.Thread(
+                target=self._lead, args=(self.stopping,), name="leader", daemon=True
+            )
+        self._http: WSGIServer | None = None
 
-    def lead(stop_leading: threading.Event) -> None:
-        if rotator is not None:
-            rotator.run(stop_leading, interval)
+    def _lead(self, stop_leading: threading.Event) -> None:
+        """The leader's work: the certificates (or nothing, when cert-manager has them)."""
+        if self.rotator is not None:
+            self.rotator.run(stop_leading, self.settings.cert_check_interval)
         else:
             stop_leading.wait()
 
-    poller: LivePoller | None = None
-    if feeder is not None and args.live_usage_interval > 0:
-        lister = RawApi(api_client, deadline=10.0)
-        where = args.enforcer_namespace or args.namespace
-        feeder.view.live_stale_after = 3 * args.live_usage_interval + args.live_usage_timeout
-        poller = LivePoller(
-            lambda: discover(lister, where, args.enforcer_selector),
-            feeder.set_live,
-            interval=args.live_usage_interval,
-            timeout=args.live_usage_timeout,
-        )
-    collector = ViewCollector(feeder) if feeder is not None else None
-    if collector is not None:
-        REGISTRY.register(collector)
-    http = metrics.serve(args.metrics_addr) if args.metrics_addr else None
-    stop = threading.Event()
-    log.info(
-        "starting",
-        version=__version__,
-        resource_api=version,
-        identity=identity,
-        manage_certificates=args.manage_certificates,
-        leader_elect=args.leader_elect,
-        cluster_view=feeder is not None,
-        live_usage_interval=args.live_usage_interval if poller is not None else 0,
-    )
-    for part in (inventory, translator, secret_watch.reflector, bundles):
-        part.start()
-    diagnostics: Diagnostics | None = None
-    if feeder is not None:
+    def _leading(self) -> bool:
+        if self.leadership is None:  # no election: this replica always leads
+            return True
+        return self.leadership.leading.is_set()
 
-        def leading() -> bool:
-            if not args.leader_elect:
-                return True
-            return leadership is not None and leadership.leading.is_set()
-
-        diagnostics = Diagnostics(
-            feeder.read,
-            RawApi(api_client, deadline=10.0),
-            resource_api=version,
-            leading=leading,
-            identity=identity,
-            interval=args.event_interval,
+    def start(self) -> None:
+        s = self.settings
+        if self.collector is not None:
+            REGISTRY.register(self.collector)
+        self._http = metrics.serve(s.metrics_addr) if s.metrics_addr else None
+        log.info(
+            "starting",
+            version=__version__,
+            resource_api=self.version,
+            identity=self.identity,
+            manage_certificates=s.manage_certificates,
+            leader_elect=s.leader_elect,
+            cluster_view=self.feeder is not None,
+            live_usage_interval=s.live_usage_interval if self.poller is not None else 0,
         )
-        feeder.listen(diagnostics.on_change)
-        feeder.start()
-        threading.Thread(
-            target=diagnostics.run, args=(stop,), name="diagnostics", daemon=True
-        ).start()
-        if poller is not None:
+        for part in (self.inventory, self.translator, self.secret_watch.reflector, self.bundles):
+            part.start()
+        if self.feeder is not None and self.diagnostics is not None:
+            self.feeder.listen(self.diagnostics.on_change)
+            self.feeder.start()
             threading.Thread(
-                target=poller.run, args=(stop,), name="live-usage", daemon=True
+                target=self.diagnostics.run, args=(self.stopping,), name="diagnostics", daemon=True
             ).start()
-    server.start()
-    solo: threading.Thread | None = None
-    if args.leader_elect:
-        leadership = Leadership(
-            api_client, namespace=args.namespace, name=args.lease_name, identity=identity, lead=lead
-        )
-        leadership.start()
-    else:
-        solo = threading.Thread(target=lead, args=(stop,), name="leader", daemon=True)
-        solo.start()
+            if self.poller is not None:
+                threading.Thread(
+                    target=self.poller.run, args=(self.stopping,), name="live-usage", daemon=True
+                ).start()
+        self.server.start()
+        if self.leadership is not None:
+            self.leadership.start()
+        elif self.solo is not None:
+            self.solo.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self.leadership is not None:
+            self.leadership.stop()
+        self.server.stop()
+        if self.feeder is not None:
+            self.feeder.stop()
+        for part in (self.bundles, self.secret_watch.reflector, self.translator, self.inventory):
+            part.stop()
+        if self._http is not None:
+            self._http.shutdown()
+        if self.collector is not None:
+            REGISTRY.unregister(self.collector)
+
+
+def run(settings: Settings) -> int:
+    """The process: build, start, serve until SIGTERM/SIGINT, stop. 1 when start-up fails."""
+    configure(component="controller", level=settings.log_level)
     try:
-        signum = wait_for_signal(done=stop)
+        app = ControllerApp(settings)
+        signals = StopSignals(app.stopping)  # before anything serves (gpuslice_core.grpcserver)
+        app.start()
+    except GpusliceError as exc:
+        log.error("cannot start", error=str(exc))
+        return 1
+    try:
+        signum = signals.wait()
         log.info("stopping", signal=signum)
     finally:
-        stop.set()
-        if leadership is not None:
-            leadership.stop()
-        server.stop()
-        if feeder is not None:
-            feeder.stop()
-        for part in (bundles, secret_watch.reflector, translator, inventory):
-            part.stop()
-        if http is not None:
-            http.shutdown()
-        if collector is not None:
-            REGISTRY.unregister(collector)
+        app.stop()
     return 0

@@ -1,15 +1,20 @@
-"""``gpuslice-controller``: flags (each with an environment variable) and the entry point."""
+"""``gpuslice-controller``: flags (each with an environment variable) → a frozen ``Settings``,
+and the entry point. Nothing past this module sees the parsed arguments."""
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import re
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
+from gpuslice_api.names import GPU_CLASS, MIG_CLASS
 from gpuslice_controller import __version__
 from gpuslice_core.cli import EnvArgumentParser, positive_seconds, seconds_or_off
-from gpuslice_core.logging import LEVELS
+from gpuslice_core.logging import LEVELS, configure, get_logger
 from gpuslice_view.live import NODE_SELECTOR
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(d|h|m|s)")
@@ -31,6 +36,80 @@ def duration(value: str) -> dt.timedelta:
 def names(value: str) -> tuple[str, ...]:
     """A comma-separated list of names."""
     return tuple(n.strip() for n in value.split(",") if n.strip())
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the controller is told at start, checked (``ValueError`` names the flag).
+    The defaults are the flags' (``build_parser``)."""
+
+    kubeconfig: str | None
+    namespace: str
+    identity: str
+    webhook_addr: str
+    metrics_addr: str
+    tls_secret: str
+    manage_certificates: bool
+    cert_hosts: tuple[str, ...]
+    cert_dir: Path
+    ca_validity: dt.timedelta
+    cert_validity: dt.timedelta
+    cert_check_interval: float
+    validating_webhooks: tuple[str, ...]
+    mutating_webhooks: tuple[str, ...]
+    leader_elect: bool
+    lease_name: str
+    cluster_view: bool
+    view_auth_ttl: float
+    live_usage_interval: float
+    live_usage_timeout: float
+    enforcer_namespace: str
+    enforcer_selector: str
+    event_interval: float
+    gpu_device_classes: tuple[str, ...]
+    mig_device_classes: tuple[str, ...]
+    resource_api: str
+    log_level: str
+
+    def __post_init__(self) -> None:
+        if self.manage_certificates and not self.cert_hosts:
+            raise ValueError(
+                "--manage-certificates needs --cert-hosts (the names the API server calls)"
+            )
+        if not self.gpu_device_classes:
+            raise ValueError("--gpu-device-classes needs at least one DeviceClass")
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    return Settings(
+        kubeconfig=args.kubeconfig or None,
+        namespace=args.namespace,
+        identity=args.identity,
+        webhook_addr=args.webhook_addr,
+        metrics_addr=args.metrics_addr,
+        tls_secret=args.tls_secret,
+        manage_certificates=args.manage_certificates,
+        cert_hosts=tuple(args.cert_hosts),
+        cert_dir=Path(args.cert_dir),
+        ca_validity=args.ca_validity,
+        cert_validity=args.cert_validity,
+        cert_check_interval=args.cert_check_interval,
+        validating_webhooks=tuple(args.validating_webhooks),
+        mutating_webhooks=tuple(args.mutating_webhooks),
+        leader_elect=args.leader_elect,
+        lease_name=args.lease_name,
+        cluster_view=args.cluster_view,
+        view_auth_ttl=args.view_auth_ttl,
+        live_usage_interval=args.live_usage_interval,
+        live_usage_timeout=args.live_usage_timeout,
+        enforcer_namespace=args.enforcer_namespace,
+        enforcer_selector=args.enforcer_selector,
+        event_interval=args.event_interval,
+        gpu_device_classes=tuple(args.gpu_device_classes),
+        mig_device_classes=tuple(args.mig_device_classes),
+        resource_api=args.resource_api,
+        log_level=args.log_level,
+    )
 
 
 def build_parser() -> EnvArgumentParser:
@@ -223,23 +302,17 @@ def build_parser() -> EnvArgumentParser:
         ),
     )
     p.add_flag(
-        "--driver-name",
-        env="DRIVER_NAME",
-        default="gpu.gpuslice.dev",
-        help="DRA driver name whose opaque config and ResourceSlices the webhooks read.",
-    )
-    p.add_flag(
         "--gpu-device-classes",
         env="GPU_DEVICE_CLASSES",
         type=names,
-        default=("gpu.gpuslice.dev",),
+        default=(GPU_CLASS,),
         help="Comma-separated DeviceClasses that select the driver's whole (shareable) GPUs.",
     )
     p.add_flag(
         "--mig-device-classes",
         env="MIG_DEVICE_CLASSES",
         type=names,
-        default=("mig.gpuslice.dev",),
+        default=(MIG_CLASS,),
         help="Comma-separated DeviceClasses that select the driver's MIG devices.",
     )
     p.add_flag(
@@ -264,9 +337,15 @@ def build_parser() -> EnvArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        settings = settings_from(args)
+    except ValueError as exc:
+        configure(component="controller", level=args.log_level)
+        get_logger(__name__).error("cannot start", error=str(exc))
+        return 1
     from gpuslice_controller.app import run  # the API client is imported only to run
 
-    return run(args)
+    return run(settings)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ keeps the image free of a web framework and its server (docs/controller.md).
 
 Paths: ``POST /validate`` and ``POST /mutate`` (AdmissionReview v1), ``GET /healthz`` (the
 process answers), ``GET /readyz`` (a certificate is loaded and the caches the reviewers need
-have synced) and, when a view is given, ``GET /view/...`` (``viewapi``: the cluster view as
+have synced) and, when a view is given, ``GET /view/...`` (``view.api``: the cluster view as
 JSON, for authenticated and authorized callers).
 
 What a client can take is bounded, since the review paths need no credentials (issue 27): a
@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import http.client
 import io
-import os
 import socket
 import ssl
 import sys
@@ -35,60 +34,15 @@ import threading
 from collections.abc import Callable, Mapping
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes
-
-from gpuslice_controller import admission, viewapi
+from gpuslice_controller.admission import review as admission
 from gpuslice_controller.connections import Connection, Connections, Limits
+from gpuslice_controller.tls.serving import ServingCert
+from gpuslice_controller.view import api as viewapi
 from gpuslice_core.logging import get_logger
 
 log = get_logger(__name__)
-
-
-class ServingCert:
-    """The certificate and key the server presents; ``load`` swaps them in."""
-
-    def __init__(self, cert_dir: Path) -> None:
-        self.cert_dir = cert_dir
-        self._context: ssl.SSLContext | None = None
-        self._lock = threading.Lock()
-        self.loaded = threading.Event()
-        self.fingerprint = ""
-        self.chain = b""
-        """The PEM served (leaf first): what the webhook configurations' bundles must trust."""
-
-    def load(self, cert: bytes, key: bytes) -> bool:
-        """Serve ``cert``/``key`` from now on; False when they are what is served already."""
-        fingerprint = x509.load_pem_x509_certificate(cert).fingerprint(hashes.SHA256()).hex()
-        if fingerprint == self.fingerprint:
-            return False
-        self.cert_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        # ssl loads a chain only from files; these live in a private directory (an emptyDir).
-        cert_file, key_file = self.cert_dir / "tls.crt", self.cert_dir / "tls.key"
-        for path, data in ((cert_file, cert), (key_file, key)):
-            tmp = path.with_suffix(".tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            tmp.replace(path)
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        context.options |= ssl.OP_NO_RENEGOTIATION  # (TLS 1.2: a handshake's CPU, on demand)
-        context.load_cert_chain(cert_file, key_file)
-        with self._lock:
-            self._context = context
-            self.fingerprint = fingerprint
-            self.chain = cert
-        self.loaded.set()
-        log.info("serving certificate loaded", sha256=fingerprint[:16])
-        return True
-
-    def context(self) -> ssl.SSLContext | None:
-        with self._lock:
-            return self._context
 
 
 class _Server(ThreadingHTTPServer):

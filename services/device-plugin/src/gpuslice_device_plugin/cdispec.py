@@ -11,10 +11,12 @@ validated, the minimum ``cdiVersion``):
   collide with the toolkit's (``nvidia.com/gpu``), NVIDIA's plugin's
   (``k8s.device-plugin.nvidia.com/gpu``), the kubelet plugin's claims
   (``k8s.gpu.gpuslice.dev/claim``) or our MPS replicas (``k8s.gpu.gpuslice.dev/device-plugin``).
-- Each device's edits: the GPU's ``/dev/nvidia<minor>`` (a MIG device: its parent's) and the
-  control nodes ``/dev/nvidiactl``, ``/dev/nvidia-uvm``, ``/dev/nvidia-uvm-tools`` where they
-  exist on the host (as the kubelet plugin does: a node the runtime cannot find fails the
-  container), and ``GPUSLICE_<KEY>_UUID`` / ``_DEVICE`` named after the device (docs/cdi.md:
+- Each device's edits: the GPU's ``/dev/nvidia<minor>`` (a MIG device: its parent's, and the
+  capability nodes of its GPU and compute instance) and the control nodes ``/dev/nvidiactl``,
+  ``/dev/nvidia-uvm``, ``/dev/nvidia-uvm-tools`` where they exist on the host (as the kubelet
+  plugin does, through ``gpuslice_core.driverroot``: a node the runtime cannot find fails the
+  container), the driver's compute and utility files where the plugin sees the host's driver
+  root, and ``GPUSLICE_<KEY>_UUID`` / ``_DEVICE`` named after the device (docs/cdi.md:
   variables compose by name). ``NVIDIA_VISIBLE_DEVICES`` comes in the Allocate response, which
   names all of the container's devices at once.
 - Written at start and at every reload (the MIG layout may have changed); other specs of this
@@ -32,6 +34,7 @@ from pathlib import Path
 
 from gpuslice_api.names import CDI_VENDOR
 from gpuslice_core import cdi
+from gpuslice_core.driverroot import DriverRoot
 from gpuslice_core.logging import get_logger
 from gpuslice_nvml import Nvml
 
@@ -40,25 +43,18 @@ log = get_logger(__name__)
 CDI_CLASS = "device-plugin-gpu"
 SPEC_KEY = "node"
 TOOLKIT_KIND = "nvidia.com/gpu"
-CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
 SPEC_MODES: tuple[str, ...] = ("gpuslice", "toolkit", "both")
 
 
-def _nodes(dev_root: Path, names: list[str]) -> list[cdi.DeviceNode]:
-    out = []
-    for name in names:
-        host = dev_root / "dev" / name
-        if host.exists():
-            out.append(cdi.DeviceNode(path=f"/dev/{name}", host_path=str(host)))
-    return out
-
-
-def _device(specs: cdi.ClaimSpecs, uuid: str, label: str, minor: int, dev_root: Path) -> cdi.Device:
+def _device(
+    specs: cdi.ClaimSpecs, uuid: str, label: str, nodes: list[cdi.DeviceNode], driver: DriverRoot
+) -> cdi.Device:
     name = specs.device_name(SPEC_KEY, uuid)
     key = "".join(c if c.isalnum() else "_" for c in name).upper()
     edits = cdi.ContainerEdits(
         env=[f"GPUSLICE_{key}_UUID={uuid}", f"GPUSLICE_{key}_DEVICE={label}"],
-        device_nodes=_nodes(dev_root, [f"nvidia{minor}", *CONTROL_NODES]),
+        device_nodes=nodes,
+        mounts=driver.user_space(),
     )
     return cdi.Device(name=name, container_edits=edits)
 
@@ -73,13 +69,16 @@ def write_spec(
         for key in specs.claim_uids():
             specs.delete(key)
         return None
+    driver = DriverRoot(dev_root)
     devices: list[cdi.Device] = []
     for gpu in nvml.gpus():
-        devices.append(_device(specs, gpu.uuid, f"gpu-{gpu.index}", gpu.minor, dev_root))
+        nodes = driver.gpu_nodes(gpu.minor)
+        devices.append(_device(specs, gpu.uuid, f"gpu-{gpu.index}", nodes, driver))
         if gpu.mig_enabled:
             for mig in sorted(nvml.mig_devices(gpu.index), key=lambda m: m.uuid):
                 label = f"gpu-{gpu.index}-mig-{mig.profile}-{mig.placement.start}"
-                devices.append(_device(specs, mig.uuid, label, gpu.minor, dev_root))
+                caps = driver.mig_nodes(gpu.minor, mig.gpu_instance_id, mig.compute_instance_id)
+                devices.append(_device(specs, mig.uuid, label, nodes + caps, driver))
     if not devices:
         return {}
     ids = specs.write(SPEC_KEY, devices)

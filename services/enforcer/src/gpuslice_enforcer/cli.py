@@ -11,7 +11,7 @@ from pathlib import Path
 from gpuslice_core import logging as gslog
 from gpuslice_core.cli import EnvArgumentParser
 from gpuslice_core.errors import GpusliceError
-from gpuslice_core.grpcserver import wait_for_signal
+from gpuslice_core.grpcserver import StopSignals
 from gpuslice_core.metrics import serve as serve_metrics
 from gpuslice_enforcer.config import (
     COMPUTE_MODE_POLICIES,
@@ -207,6 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.sample_interval <= 0:
         log.error("start-up failed", error="--sample-interval must be > 0")
         return 2
+    signals = StopSignals()
     try:
         nvml = nvml_from_args(args)
         enforcer = Enforcer(config_from_args(args), nvml)
@@ -216,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     if args.metrics_addr:
         serve_metrics(args.metrics_addr, enforcer.metrics.registry)
-    received = wait_for_signal()
+    received = signals.wait()
     log.info("stopping", signal=received)
     enforcer.stop()
     nvml.close()

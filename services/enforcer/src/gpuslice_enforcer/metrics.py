@@ -1,8 +1,13 @@
 """Prometheus metrics of the enforcer (one registry per enforcer instance).
 
-Per share and device (labels ``claim_uid``, ``namespace``, ``claim``, ``device``): memory used
-and limit, SM use and limit, throttled time, kills; violations by resource and action; the
-mechanism in force per resource and the share's level (info-style gauges set to 1).
+Per share and device (labels ``claim_uid``, ``device``): memory used and limit, SM use and limit,
+throttled time, kills; violations by resource and action; the mechanism in force per resource
+and the share's level (info-style gauges set to 1).
+
+A share is named by its claim's UID only. The endpoint needs no credentials (node pods, port
+9402), and a claim's namespace and name are tenant data: who runs what where. A UID says nothing
+until it is looked up in the API with the right to read claims, which is what the cluster view
+does (``gpuslice_view.live``) and what a dashboard joins on.
 Operations: create/release share, attach container, watchdog sample.
 """
 
@@ -15,7 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from gpuslice_core.metrics import OperationMetrics
 
 COMPONENT = "enforcer"
-_SHARE = ["claim_uid", "namespace", "claim", "device"]
+_SHARE = ["claim_uid", "device"]
 
 
 class EnforcerMetrics:
@@ -46,13 +51,13 @@ class EnforcerMetrics:
         self.mechanism = Gauge(
             f"{p}_mechanism",
             "1 for the mechanism enforcing each resource of the share.",
-            ["claim_uid", "namespace", "claim", "resource", "mechanism"],
+            ["claim_uid", "resource", "mechanism"],
             registry=r,
         )
         self.level = Gauge(
             f"{p}_level",
             "1 for the share's enforcement level: hard (every process held), soft or none.",
-            ["claim_uid", "namespace", "claim", "level"],
+            ["claim_uid", "level"],
             registry=r,
         )
         self.sample_errors = Counter(
@@ -68,10 +73,10 @@ class EnforcerMetrics:
             registry=r,
         )
 
-    def forget_share(self, claim_uid: str, namespace: str, claim: str, devices: list[str]) -> None:
+    def forget_share(self, claim_uid: str, devices: list[str]) -> None:
         """Drop a released share's series."""
         for device in devices:
-            labels = (claim_uid, namespace, claim, device)
+            labels = (claim_uid, device)
             for metric in (
                 self.memory_used,
                 self.memory_limit,

@@ -199,12 +199,8 @@ class EnforcerServicer(pb_grpc.EnforcerServicer):
             ("memory", share.memory_mechanism),
             ("cores", share.cores_mechanism),
         ):
-            self.metrics.mechanism.labels(
-                share.claim_uid, share.claim_namespace, share.claim_name, resource, mechanism.value
-            ).set(1)
-        self.metrics.level.labels(
-            share.claim_uid, share.claim_namespace, share.claim_name, share.level.value
-        ).set(1)
+            self.metrics.mechanism.labels(share.claim_uid, resource, mechanism.value).set(1)
+        self.metrics.level.labels(share.claim_uid, share.level.value).set(1)
         return pb.CreateShareResponse(
             share_id=share.share_id,
             created=result.created,
@@ -220,9 +216,7 @@ class EnforcerServicer(pb_grpc.EnforcerServicer):
             share = self.shares.release(request.claim_uid)
         if share is None:
             return pb.ReleaseShareResponse(released=False)
-        self.metrics.forget_share(
-            share.claim_uid, share.claim_namespace, share.claim_name, share.device_uuids
-        )
+        self.metrics.forget_share(share.claim_uid, share.device_uuids)
         return pb.ReleaseShareResponse(released=True, share_id=share.share_id)
 
     def GetUsage(  # noqa: N802

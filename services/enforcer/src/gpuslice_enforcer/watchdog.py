@@ -650,14 +650,7 @@ class Watchdog:
         usage.violations += 1
         if mechanism is None:
             mechanism = share.memory_mechanism if resource == "memory" else share.cores_mechanism
-        self.metrics.violations.labels(
-            share.claim_uid,
-            share.claim_namespace,
-            share.claim_name,
-            usage.device_uuid,
-            resource,
-            action,
-        ).inc()
+        self.metrics.violations.labels(*_labels(share, usage), resource, action).inc()
         log.info(
             "limit violation",
             claim_uid=share.claim_uid,
@@ -732,8 +725,8 @@ class Watchdog:
                 self._apply(runtime, frozen=False)
 
 
-def _labels(share: ShareRecord, usage: DeviceUsage) -> tuple[str, str, str, str]:
-    return (share.claim_uid, share.claim_namespace, share.claim_name, usage.device_uuid)
+def _labels(share: ShareRecord, usage: DeviceUsage) -> tuple[str, str]:
+    return (share.claim_uid, usage.device_uuid)
 
 
 def match_share(groups: cg.ProcessCgroups, shares: list[ShareRecord]) -> ShareRecord | None:

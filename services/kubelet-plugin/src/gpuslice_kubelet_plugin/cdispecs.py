@@ -19,8 +19,10 @@ device's value replaces another's, because every variable name is unique to its 
     GPUSLICE_<KEY>_SHARE_ID, _MEMORY_MECHANISM, _CORES_MECHANISM     devices of an enforcer share
     GPUSLICE_<KEY>_ADMIN_ACCESS=true        admin-access results
 
-plus the device's node and the control nodes that exist under the driver root, and on the
-devices of an enforcer share the enforcer's edits (CDI hooks, MPS). Nothing sets
+plus ``NVIDIA_VISIBLE_DEVICES=void`` (NVIDIA's legacy hook must not add GPUs of its own), the
+device's node and the control nodes that exist under the driver root, a MIG device's capability
+nodes, the driver's compute and utility libraries and binaries (``gpuslice_core.driverroot``),
+and on the devices of an enforcer share the enforcer's edits (CDI hooks, MPS). Nothing sets
 ``CUDA_VISIBLE_DEVICES``: one variable cannot hold a union that several devices contribute to
 (a runtime keeps the last value of a name), and CUDA sees exactly the GPUs whose device nodes
 the container has, as with NVIDIA's own driver. The spec is rebuilt from the checkpoint record
@@ -31,12 +33,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from pathlib import Path
 
-from gpuslice_core.cdi import ClaimSpecs, ContainerEdits, Device, DeviceNode, merge_edits
+from gpuslice_core.cdi import ClaimSpecs, ContainerEdits, Device, merge_edits
+from gpuslice_core.driverroot import VISIBLE_DEVICES_VOID, DriverRoot
 from gpuslice_kubelet_plugin.checkpoint import ClaimRecord, DeviceRecord
 
-CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
+MigIds = Mapping[str, tuple[int, int | None]]
+"""MIG device UUID → (GPU instance, compute instance; None: every compute instance of it)."""
 ENV_PREFIX = "GPUSLICE_"
 FIELDS = (
     "UUID",
@@ -84,18 +87,13 @@ def shared_devices(record: ClaimRecord) -> list[DeviceRecord]:
 
 
 class CdiWriter:
-    """Renders and writes claim specs; device nodes only where they exist on this host."""
+    """Renders and writes claim specs; device nodes and driver files only where they exist on
+    this host."""
 
-    def __init__(self, specs: ClaimSpecs, *, dev_root: Path, nvidia_cdi_kind: str = "") -> None:
+    def __init__(self, specs: ClaimSpecs, *, driver: DriverRoot, nvidia_cdi_kind: str = "") -> None:
         self.specs = specs
-        self.dev_root = dev_root
+        self.driver = driver
         self.nvidia_cdi_kind = nvidia_cdi_kind
-
-    def _node(self, name: str) -> list[DeviceNode]:
-        host = self.dev_root / "dev" / name
-        if not host.exists():
-            return []
-        return [DeviceNode(path=f"/dev/{name}", host_path=str(host))]
 
     def device_name(self, uid: str, device: DeviceRecord) -> str:
         return self.specs.device_name(uid, device.device, device.share_id)
@@ -123,28 +121,48 @@ class CdiWriter:
         if device.admin_access:
             values["ADMIN_ACCESS"] = "true"
         key = f"{ENV_PREFIX}{env_key(device.device, device.share_id)}"
-        return [f"{key}_{name}={value}" for name, value in values.items()]
+        return [VISIBLE_DEVICES_VOID] + [f"{key}_{name}={value}" for name, value in values.items()]
 
     def _device(
-        self, record: ClaimRecord, device: DeviceRecord, minor: int | None, shared: bool
+        self,
+        record: ClaimRecord,
+        device: DeviceRecord,
+        minor: int | None,
+        shared: bool,
+        migs: MigIds,
     ) -> Device:
-        nodes = self._node(f"nvidia{minor}") if minor is not None else []
-        nodes += [n for name in CONTROL_NODES for n in self._node(name)]
-        edits = ContainerEdits(env=self._env(record, device, shared), device_nodes=nodes)
+        nodes = self.driver.gpu_nodes(minor)
+        if device.kind == "mig" and minor is not None:
+            ids = migs.get(device.uuid)
+            if ids is None and device.gpu_instance_id is not None:
+                ids = (device.gpu_instance_id, None)  # made for this claim: all of it is ours
+            if ids is not None:
+                nodes += self.driver.mig_nodes(minor, *ids)
+        edits = ContainerEdits(
+            env=self._env(record, device, shared),
+            device_nodes=nodes,
+            mounts=self.driver.user_space(),
+        )
         if shared and record.enforcer_edits:
             edits = merge_edits([edits, ContainerEdits.model_validate(record.enforcer_edits)])
         return Device(name=self.device_name(record.uid, device), container_edits=edits)
 
-    def render(self, record: ClaimRecord, minors: dict[str, int]) -> list[Device]:
-        """The spec's devices, each with all of its edits (``minors``: GPU UUID → minor)."""
+    def render(
+        self, record: ClaimRecord, minors: Mapping[str, int], migs: MigIds | None = None
+    ) -> list[Device]:
+        """The spec's devices, each with all of its edits (``minors``: GPU UUID → minor;
+        ``migs``: the instances of the node's static MIG devices)."""
         shared = shared_devices(record)
         return [
-            self._device(record, d, minors.get(d.gpu_uuid), d in shared) for d in record.devices
+            self._device(record, d, minors.get(d.gpu_uuid), d in shared, migs or {})
+            for d in record.devices
         ]
 
-    def write(self, record: ClaimRecord, minors: dict[str, int]) -> dict[str, list[str]]:
+    def write(
+        self, record: ClaimRecord, minors: Mapping[str, int], migs: MigIds | None = None
+    ) -> dict[str, list[str]]:
         """Write the claim's spec; returns device name (+share) → its CDI ids."""
-        ids = self.specs.write(record.uid, self.render(record, minors))
+        ids = self.specs.write(record.uid, self.render(record, minors, migs))
         out: dict[str, list[str]] = {}
         for device, qualified in zip(record.devices, ids, strict=True):
             extra = []

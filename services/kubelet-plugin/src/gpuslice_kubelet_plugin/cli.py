@@ -1,4 +1,5 @@
-"""``gpuslice-kubelet-plugin``: flags (each with an environment variable) and the main loop.
+"""``gpuslice-kubelet-plugin``: flags (each with an environment variable) → a frozen
+``Settings``, and the entry point. Nothing past this module sees the parsed arguments.
 
     gpuslice-kubelet-plugin --node-name node-a --nvml=fake --fake-nvml-config node.yaml \\
         --kubeconfig ~/.kube/config --cdi-root /var/run/cdi
@@ -12,25 +13,72 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuslice_api.nodemode import EXIT_REFUSED
+from gpuslice_api.names import DRIVER, MODE_LABEL
 from gpuslice_core import logging as gslog
 from gpuslice_core.cli import EnvArgumentParser, positive_seconds
-from gpuslice_core.errors import GpusliceError
-from gpuslice_core.grpcserver import wait_for_signal
 from gpuslice_core.metrics import parse_addr
-from gpuslice_draplugin import probe
-from gpuslice_kube.client import new_api_client
-from gpuslice_kube.raw import RawApi
+from gpuslice_draplugin import Sockets, probe
 from gpuslice_kubelet_plugin import __version__
-from gpuslice_kubelet_plugin.discovery import DRIVER
-from gpuslice_kubelet_plugin.driver import Driver, Settings
-from gpuslice_kubelet_plugin.nodemode import NodeRefusedError
-from gpuslice_nvml import add_nvml_arguments, nvml_from_args
-from gpuslice_nvml.health import add_health_arguments
+from gpuslice_nvml import add_nvml_arguments
+from gpuslice_nvml.health import APP_XIDS, add_health_arguments
 
 PROG = "gpuslice-kubelet-plugin"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the plugin is told at start, checked (``ValueError`` names the flag)."""
+
+    node_name: str
+    state_dir: Path
+    kubeconfig: str | None = None
+    nvml: str = "real"
+    fake_nvml_config: str | None = None
+    cdi_root: Path = Path("/var/run/cdi")
+    registrar_dir: Path = Path("/var/lib/kubelet/plugins_registry")
+    plugins_dir: Path = Path("/var/lib/kubelet/plugins")
+    metrics_addr: str = ""
+    enforcer_socket: Path | None = None
+    mig_manager_socket: Path | None = None
+    dynamic_mig: bool = False
+    pod_uid: str = ""
+    health_streaming: bool = True
+    health_recovery: bool = True
+    xid_quiet_period: float = 300.0
+    health_check_interval: float = 10.0
+    ignored_xids: frozenset[int] = field(default=APP_XIDS)
+    gc_interval: float = 60.0
+    rescan_interval: float = 60.0
+    driver_root: Path = Path("/")
+    nvidia_cdi_kind: str = ""
+    shutdown_grace: float = 10.0
+    workers: int = 16
+    claim_cache: bool = True  # prepare reads claims from a watch-fed cache when it can
+    mode_check: bool = True  # refuse a node whose GPUs a device plugin serves
+    orphan_grace: float = 30.0  # age before a CDI spec without a record is removed
+    log_level: str = "info"
+    log_format: str = "json"
+    boot_id: str | None = None  # tests only
+
+    def __post_init__(self) -> None:
+        if not self.node_name:
+            raise ValueError("--node-name (NODE_NAME) is required")
+        if self.metrics_addr:
+            parse_addr(self.metrics_addr)  # ValueError naming the flag
+
+    @property
+    def sockets(self) -> Sockets:
+        return sockets(self.registrar_dir, self.plugins_dir, self.pod_uid)
+
+
+def sockets(registrar_dir: Path, plugins_dir: Path, pod_uid: str) -> Sockets:
+    """The registration and DRA sockets of the driver under those directories."""
+    return Sockets.for_driver(
+        DRIVER, registrar_dir=registrar_dir, plugins_dir=plugins_dir, pod_uid=pod_uid
+    )
 
 
 def build_parser() -> EnvArgumentParser:
@@ -134,7 +182,7 @@ def build_parser() -> EnvArgumentParser:
         env="MODE_CHECK",
         default=True,
         help="Refuse to start (exit 3, a Warning Event KubeletPluginRefused on the Node) on a "
-        "node labelled gpuslice.dev/mode=device-plugin or whose capacity shows GPUs served by a "
+        f"node labelled {MODE_LABEL}=device-plugin or whose capacity shows GPUs served by a "
         "device plugin: a GPU must not be served by both.",
     )
     p.add_bool_flag(
@@ -192,8 +240,11 @@ def build_parser() -> EnvArgumentParser:
 
 def settings_from(args: argparse.Namespace) -> Settings:
     return Settings(
-        node_name=args.node_name,
+        node_name=args.node_name or "",
         state_dir=args.state_dir,
+        kubeconfig=args.kubeconfig or None,
+        nvml=args.nvml,
+        fake_nvml_config=args.fake_nvml_config or None,
         cdi_root=args.cdi_root,
         registrar_dir=args.registrar_dir,
         plugins_dir=args.plugins_dir,
@@ -214,54 +265,27 @@ def settings_from(args: argparse.Namespace) -> Settings:
         driver_root=args.driver_root,
         nvidia_cdi_kind=args.nvidia_cdi_kind,
         shutdown_grace=args.shutdown_grace,
+        log_level=args.log_level,
+        log_format=args.log_format,
     )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    gslog.configure(component=PROG, level=args.log_level, json=args.log_format == "json")
-    log = gslog.get_logger(PROG)
-    settings = settings_from(args)
     if args.probe:
-        problems = probe(settings.sockets)
+        gslog.configure(component=PROG, level=args.log_level, json=args.log_format == "json")
+        problems = probe(sockets(args.registrar_dir, args.plugins_dir, args.pod_uid))
         for problem in problems:
             print(problem, file=sys.stderr)
         return 1 if problems else 0
-    if not args.node_name:
-        parser.error("--node-name (NODE_NAME) is required")
-    if args.metrics_addr:
-        try:
-            parse_addr(args.metrics_addr)
-        except ValueError as exc:
-            parser.error(str(exc))
     try:
-        nvml = nvml_from_args(args)
-    except GpusliceError as exc:
-        log.error("cannot open NVML", error=str(exc))
-        return 2
-    try:
-        api_client = new_api_client(
-            args.kubeconfig,
-            user_agent=f"{PROG}/{__version__}",
-            pool_size=settings.workers * 2,  # prepare reads claims from up to --workers threads
-        )
-        raw = RawApi(api_client)
-        driver = Driver(settings, nvml, raw)
-        driver.start()
-    except NodeRefusedError as exc:
-        print(f"{PROG}: refusing to start: {exc}", file=sys.stderr)
-        nvml.close()
-        return EXIT_REFUSED
-    except GpusliceError as exc:
-        log.error("start-up failed", error=str(exc))
-        nvml.close()
-        return 2
-    signum = wait_for_signal()
-    log.info("stopping", signal=signum)
-    driver.stop()
-    nvml.close()
-    return 0
+        settings = settings_from(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    from gpuslice_kubelet_plugin.app import run  # the API client is imported only to run
+
+    return run(settings)
 
 
 if __name__ == "__main__":  # pragma: no cover

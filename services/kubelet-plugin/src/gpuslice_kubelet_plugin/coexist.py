@@ -26,13 +26,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from gpuslice_api.names import DRIVER
 from gpuslice_core.errors import GpusliceError
 from gpuslice_core.logging import get_logger
 from gpuslice_draplugin.kubeapi import device_fields, read_node
 from gpuslice_kube.errors import KubeError
 from gpuslice_kube.events import node_event
 from gpuslice_kube.raw import RawApi, resource_path
-from gpuslice_kubelet_plugin.discovery import DRIVER
 from gpuslice_kubelet_plugin.nodemode import COMPONENT, REFUSED_REASON, NodeRefusedError
 from gpuslice_nvml import Nvml
 

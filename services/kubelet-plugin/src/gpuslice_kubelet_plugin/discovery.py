@@ -34,7 +34,6 @@ from gpuslice_nvml import GpuInfo, GpuInstanceProfile, MigDevice, Nvml, NvmlGpuL
 
 log = get_logger(__name__)
 
-DRIVER = "gpu.gpuslice.dev"
 STANDARD = "resource.kubernetes.io"
 CORES = "cores"
 MEMORY = "memory"

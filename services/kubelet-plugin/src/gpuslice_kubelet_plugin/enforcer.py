@@ -81,6 +81,8 @@ class Enforcer(Protocol):
         """GPU UUID → what a share gets there in mode Auto (the ``enforcement`` attributes)."""
         ...
 
+    def close(self) -> None: ...
+
 
 class NoEnforcer:
     """Accounting only."""
@@ -104,6 +106,9 @@ class NoEnforcer:
 
     def capabilities(self) -> dict[str, GpuEnforcement]:
         return {}
+
+    def close(self) -> None:
+        pass
 
 
 class GrpcEnforcer:

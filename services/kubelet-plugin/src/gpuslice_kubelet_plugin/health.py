@@ -25,9 +25,10 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from gpuslice_api.names import DRIVER
 from gpuslice_core.logging import get_logger
 from gpuslice_draplugin import DeviceHealth
-from gpuslice_kubelet_plugin.discovery import DRIVER, Device, Inventory, dns_label
+from gpuslice_kubelet_plugin.discovery import Device, Inventory, dns_label
 from gpuslice_kubelet_plugin.metrics import PluginMetrics
 from gpuslice_nvml import HealthEvent, HealthEventKind, Nvml, NvmlError
 from gpuslice_nvml.health import APP_XIDS, recovered, watch_health

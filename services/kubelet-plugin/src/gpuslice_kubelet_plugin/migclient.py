@@ -47,6 +47,8 @@ class MigManager(Protocol):
         """Every instance this plugin created (owner with our prefix)."""
         ...
 
+    def close(self) -> None: ...
+
 
 class NoMigManager:
     def create(
@@ -61,6 +63,9 @@ class NoMigManager:
 
     def owned(self) -> list[MigInstance]:
         return []
+
+    def close(self) -> None:
+        pass
 
 
 def _instance(message: pb.MigInstance) -> MigInstance:

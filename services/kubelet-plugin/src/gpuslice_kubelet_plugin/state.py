@@ -34,7 +34,7 @@ from gpuslice_core.untrusted import MAX_DEPTH
 from gpuslice_draplugin import ClaimRef, PreparedDevice
 from gpuslice_kube.errors import KubeNotFoundError, UndecodableObjectError
 from gpuslice_kube.raw import Obj
-from gpuslice_kubelet_plugin.cdispecs import CdiWriter
+from gpuslice_kubelet_plugin.cdispecs import CdiWriter, MigIds
 from gpuslice_kubelet_plugin.checkpoint import (
     ClaimRecord,
     Committer,
@@ -121,6 +121,15 @@ class DeviceState:
 
     def _minors(self) -> dict[str, int]:
         return {g.uuid: g.minor for g in self.inventory().gpus}
+
+    def _migs(self) -> MigIds:
+        """The GPU and compute instance of each static MIG device (dynamic ones are in their
+        records)."""
+        return {
+            d.uuid: (d.mig.gpu_instance_id, d.mig.compute_instance_id)
+            for d in self.inventory().devices
+            if d.mig is not None and d.mig.gpu_instance_id is not None and d.uuid
+        }
 
     def _leftover(self, record: ClaimRecord) -> bool:
         """Half-done work nobody is doing any more (ours from a failed try, or a dead owner's)."""
@@ -290,7 +299,7 @@ class DeviceState:
             record_grant(record, grant)
             if grant.level == "none":
                 log.info("share is accounted, not enforced", reason=grant.reason)
-        ids = self.cdi.write(record, self._minors())
+        ids = self.cdi.write(record, self._minors(), self._migs())
         for device in record.devices:
             device.cdi_device_ids = ids[self.cdi.device_name(record.uid, device)]
 
@@ -407,7 +416,7 @@ class DeviceState:
             if record.state == "PrepareCompleted":
                 if record.uid not in specs:
                     log.warning("rewriting the lost CDI spec of a prepared claim", claim=record.ref)
-                    self.cdi.write(record, self._minors())
+                    self.cdi.write(record, self._minors(), self._migs())
                     self.metrics.recovered.labels(action="spec_rewritten").inc()
                 continue
             if not self._leftover(record) or record.owner == self.instance.id:

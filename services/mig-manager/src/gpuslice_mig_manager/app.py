@@ -17,7 +17,7 @@ from prometheus_client import REGISTRY
 from gpuslice_core import logging as gslog
 from gpuslice_core import metrics as gsmetrics
 from gpuslice_core.errors import GpusliceError
-from gpuslice_core.grpcserver import wait_for_signal
+from gpuslice_core.grpcserver import StopSignals
 from gpuslice_kube.client import new_api_client
 from gpuslice_kube.raw import RawApi
 from gpuslice_kube.reflector import Reflector
@@ -136,6 +136,7 @@ def _fail(message: str) -> int:
 def run(settings: Settings) -> int:
     """The process: build, start, serve until SIGTERM/SIGINT, stop. 2 when start-up fails."""
     gslog.configure(component="mig-manager", level=settings.log_level)
+    signals = StopSignals()
     log.info(
         "starting", version=__version__, node=settings.node_name, dynamic_mig=settings.dynamic_mig
     )
@@ -151,7 +152,7 @@ def run(settings: Settings) -> int:
             return _fail(str(exc))
         app.start()
         try:
-            signum = wait_for_signal()
+            signum = signals.wait()
             log.info("stopping", signal=signum)
         finally:
             app.stop()

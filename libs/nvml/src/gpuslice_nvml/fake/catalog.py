@@ -249,7 +249,9 @@ H200_SXM_141GB = GpuModel(
     pci_device_id=0x233510DE,
     max_nvlinks=18,
     gi_profiles=_table(
-        mem=(16384, 16384, 33024, 33024, 71168, 71168, 143104),
+        # a real H200, driver 580.159.04 (2026-11-26); mig-parted #120's older driver had
+        # 256 MiB less in every profile of two or more memory slices
+        mem=(16384, 16384, 33280, 33280, 71424, 71424, 143360),
         sms=_HOPPER_SMS,
         engines=_HOPPER_ENGINES,
     ),

@@ -50,17 +50,13 @@ class RealNvml(Nvml):
         c.init()
         try:
             count = c.call("nvmlDeviceGetCount", pynvml.nvmlDeviceGetCount)
-            self._handles: list[Any] = [
-                c.call(f"nvmlDeviceGetHandleByIndex({i})", pynvml.nvmlDeviceGetHandleByIndex, i)
-                for i in range(count)
-            ]
-            self._uuids = [
-                c.text(c.call("nvmlDeviceGetUUID", pynvml.nvmlDeviceGetUUID, h))
-                for h in self._handles
-            ]
+            opened = [self._open(i) for i in range(count)]
         except BaseException:
             c.shutdown()
             raise
+        #: ``None`` (and UUID "") for a GPU that was already lost when NVML started.
+        self._handles: list[Any | None] = [h for h, _ in opened]
+        self._uuids = [uuid for _, uuid in opened]
         self._static: dict[int, GpuInfo] = {}
         self._links: dict[int, list[NvLinkEnd]] = {}
         self._closed = False
@@ -71,11 +67,27 @@ class RealNvml(Nvml):
             c.shutdown()
 
     # -- lookups --------------------------------------------------------------------------
+    @staticmethod
+    def _open(index: int) -> tuple[Any | None, str]:
+        """(handle, UUID) of a GPU; (None, "") for a lost one, as the services expect to start
+        on a node with a GPU off the bus and see NvmlGpuLost for it alone."""
+        try:
+            h = pynvml.nvmlDeviceGetHandleByIndex(index)
+            return h, c.text(pynvml.nvmlDeviceGetUUID(h))
+        except pynvml.NVMLError as exc:
+            if c.error_code(exc) == e.ERROR_GPU_IS_LOST:
+                return None, ""
+            raise c.map_error(exc, f"nvmlDeviceGetHandleByIndex({index})") from exc
+
     def _handle(self, index: int, what: str) -> Any:
         if not 0 <= index < len(self._handles):
             raise e.nvml_error(
                 e.ERROR_INVALID_ARGUMENT, what, f"no GPU {index}; the node has {len(self._handles)}"
             )
+        if self._handles[index] is None:  # lost at start: it may answer again after a reset
+            self._handles[index], self._uuids[index] = self._open(index)
+            if self._handles[index] is None:
+                raise e.nvml_error(e.ERROR_GPU_IS_LOST, what, f"GPU {index} is lost")
         return self._handles[index]
 
     def _resolve(self, device: DeviceRef, what: str) -> tuple[int, Any, m.MigHandle | None]:
@@ -358,8 +370,12 @@ class RealNvml(Nvml):
 
     # -- processes ------------------------------------------------------------------------
     def running_processes(self, device: DeviceRef) -> list[ProcessInfo]:
+        """The driver's compute list holds MPS clients too (seen on an H100 under MPS); the
+        interface lists them with :meth:`mps_processes` only, so they are taken out here."""
         what = f"nvmlDeviceGetComputeRunningProcesses({device})"
-        return self._processes_of(device, pynvml.nvmlDeviceGetComputeRunningProcesses, what)
+        listed = self._processes_of(device, pynvml.nvmlDeviceGetComputeRunningProcesses, what)
+        clients = {(p.device_uuid, p.pid) for p in self.mps_processes(device)}
+        return [p for p in listed if (p.device_uuid, p.pid) not in clients]
 
     def mps_processes(self, device: DeviceRef) -> list[ProcessInfo]:
         what = f"nvmlDeviceGetMPSComputeRunningProcesses({device})"
@@ -454,5 +470,10 @@ class RealNvml(Nvml):
     # -- health ---------------------------------------------------------------------------
     def watch_events(self, gpus: Sequence[int] | None = None) -> EventWatch:
         indices = range(len(self._handles)) if gpus is None else gpus
-        handles = {i: self._handle(i, "nvmlDeviceRegisterEvents") for i in indices}
-        return RealEventWatch(handles, dict(enumerate(self._uuids)))
+        handles, lost = {}, []
+        for i in indices:
+            try:
+                handles[i] = self._handle(i, "nvmlDeviceRegisterEvents")
+            except e.NvmlGpuLost:
+                lost.append(i)
+        return RealEventWatch(handles, dict(enumerate(self._uuids)), lost=lost)

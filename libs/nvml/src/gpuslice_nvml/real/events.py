@@ -9,8 +9,10 @@ event instead of failing the watch.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import time
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 import pynvml
@@ -28,9 +30,12 @@ WANTED = XID_CRITICAL | DOUBLE_BIT_ECC | GPU_UNAVAILABLE
 
 
 class RealEventWatch(EventWatch):
-    def __init__(self, handles: dict[int, Any], uuids: dict[int, str]) -> None:
+    def __init__(
+        self, handles: dict[int, Any], uuids: dict[int, str], lost: Sequence[int] = ()
+    ) -> None:
+        """``lost``: GPUs that were lost before the watch (reported as GPU_LOST at once)."""
         self._uuids = uuids
-        self._pending: deque[HealthEvent] = deque()
+        self._pending: deque[HealthEvent] = deque(self._lost(i) for i in lost)
         self._registered: dict[int, Any] = {}
         #: GPUs whose driver cannot deliver these events (too old); they get none.
         self.unsupported: list[int] = []
@@ -107,11 +112,21 @@ class RealEventWatch(EventWatch):
             HealthEventKind.GPU_LOST, index, self._uuids[index], timestamp=time.time()
         )
 
+    def _index_of(self, device: Any) -> int | None:
+        """The GPU an event names, by its handle: a GPU-unavailable event comes from a GPU that
+        may answer no call (nvmlDeviceGetUUID is GPU_IS_LOST there), so ask only as a fallback."""
+        address = ctypes.cast(device, ctypes.c_void_p).value
+        for index, h in self._registered.items():
+            if ctypes.cast(h, ctypes.c_void_p).value == address:
+                return index
+        uuid = text(call("nvmlDeviceGetUUID", pynvml.nvmlDeviceGetUUID, device))
+        return next((i for i, u in self._uuids.items() if u == uuid), None)
+
     def _convert(self, data: Any) -> HealthEvent | None:
-        uuid = text(call("nvmlDeviceGetUUID", pynvml.nvmlDeviceGetUUID, data.device))
-        index = next((i for i, u in self._uuids.items() if u == uuid), None)
+        index = self._index_of(data.device)
         if index is None:
             return None
+        uuid = self._uuids[index]
         if data.eventType & XID_CRITICAL:
             kind, xid = HealthEventKind.XID, int(data.eventData)
         elif data.eventType & DOUBLE_BIT_ECC:

@@ -31,6 +31,8 @@ from gpuslice_nvml.types import (
 )
 
 _SKIPPED = (e.ERROR_NOT_SUPPORTED, e.ERROR_INVALID_ARGUMENT)
+#: What NVML answers for the handle of an instance that no longer exists.
+_GONE = (e.ERROR_INVALID_ARGUMENT, e.ERROR_NOT_FOUND)
 _MAX_PLACEMENTS = 32
 
 
@@ -86,7 +88,13 @@ def gi_profiles(h: Any, total_memory: int) -> list[GpuInstanceProfile]:
                 placements=placements,
             )
         )
-    return result
+    return sorted(result, key=profile_order)
+
+
+def profile_order(profile: GpuInstanceProfile) -> tuple[int, int, int]:
+    """Smallest first, as ``nvidia-smi mig -lgip`` lists them and the fake's catalog holds them
+    (the driver answers enum by enum, so the real order is ours to fix)."""
+    return (profile.slice_count, profile.memory_mib, profile.nvml_profile)
 
 
 def _gi_placements(h: Any, profile_id: int) -> tuple[Placement, ...]:
@@ -103,12 +111,24 @@ def _gi_placements(h: Any, profile_id: int) -> tuple[Placement, ...]:
     return tuple(Placement(array[i].start, array[i].size) for i in range(count.value))
 
 
+def _info_if_alive(fn: Callable[[Any], Any], handle: Any, what: str) -> Any | None:
+    """``fn(handle)``, or ``None`` for an instance destroyed since it was listed (another
+    process, e.g. the MIG manager, changed the layout between the two calls)."""
+    try:
+        return fn(handle)
+    except pynvml.NVMLError as exc:
+        if error_code(exc) in _GONE:
+            return None
+        raise map_error(exc, what) from exc
+
+
 def gpu_instances(gpu: int, h: Any, profiles: list[GpuInstanceProfile]) -> list[GpuInstance]:
     result = []
     for profile in profiles:
         for gi in _gi_handles(h, profile):
-            info = call("nvmlGpuInstanceGetInfo", pynvml.nvmlGpuInstanceGetInfo, gi)
-            result.append(_gpu_instance(gpu, info, profile))
+            info = _info_if_alive(pynvml.nvmlGpuInstanceGetInfo, gi, "nvmlGpuInstanceGetInfo")
+            if info is not None:
+                result.append(_gpu_instance(gpu, info, profile))
     return sorted(result, key=lambda gi: gi.id)
 
 
@@ -233,8 +253,11 @@ def compute_instances(
             ctypes.byref(count),
         )
         for i in range(count.value):
-            info = call("nvmlComputeInstanceGetInfo", pynvml.nvmlComputeInstanceGetInfo, array[i])
-            result.append(_compute_instance(gpu, gi_id, info, profile, uuids))
+            info = _info_if_alive(
+                pynvml.nvmlComputeInstanceGetInfo, array[i], "nvmlComputeInstanceGetInfo"
+            )
+            if info is not None:
+                result.append(_compute_instance(gpu, gi_id, info, profile, uuids))
     return sorted(result, key=lambda ci: ci.id)
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 
-from gpuslice_kubelet_plugin.discovery import DRIVER
+from gpuslice_api.names import DRIVER
 from gpuslice_protos.kubelet.dra.v1 import api_pb2 as v1
 from gpuslice_protos.kubelet.dra.v1 import api_pb2_grpc as v1_grpc
 from gpuslice_protos.kubelet.dra.v1beta1 import api_pb2 as v1beta1

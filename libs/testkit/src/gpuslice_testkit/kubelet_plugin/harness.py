@@ -17,7 +17,8 @@ import yaml
 
 from gpuslice_kube.client import new_api_client
 from gpuslice_kube.raw import RawApi
-from gpuslice_kubelet_plugin.driver import Driver, Settings
+from gpuslice_kubelet_plugin.app import KubeletPluginApp
+from gpuslice_kubelet_plugin.cli import Settings
 from gpuslice_kubelet_plugin.state import DeviceState
 from gpuslice_nvml import Nvml
 from gpuslice_nvml.fake import FakeNvmlControl
@@ -50,18 +51,18 @@ class Node:
 
 @dataclass
 class Running:
-    driver: Driver
+    app: KubeletPluginApp
     settings: Settings
     client: DraClient
 
     @property
     def state(self) -> DeviceState:
-        return self.driver.state
+        return self.app.state
 
     def stop(self) -> None:
         self.client.close()
-        if not self.driver.stopped:
-            self.driver.stop()
+        if not self.app.stopped:
+            self.app.stop()
 
 
 class Harness:
@@ -99,9 +100,9 @@ class Harness:
     ) -> Running:
         """Start the plugin with ``Settings`` overrides; ``raw`` replaces its API client."""
         settings = self.settings(**overrides)
-        driver = Driver(settings, nvml or self.nvml, raw or self.raw())
-        driver.start()
-        running = Running(driver, settings, DraClient(settings.sockets.dra))
+        app = KubeletPluginApp(settings, nvml or self.nvml, raw or self.raw())
+        app.start()
+        running = Running(app, settings, DraClient(settings.sockets.dra))
         self.running.append(running)
         return running
 

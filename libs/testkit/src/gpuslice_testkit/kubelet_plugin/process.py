@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gpuslice_api.names import DRIVER
 from gpuslice_draplugin import Sockets, probe
 from gpuslice_kubelet_plugin.checkpoint import open_store
-from gpuslice_kubelet_plugin.discovery import DRIVER
 from gpuslice_testkit.core import ServiceProcess
 
 

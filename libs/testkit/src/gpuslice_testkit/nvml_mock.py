@@ -1,0 +1,45 @@
+"""The mock libnvidia-ml.so.1 for service tests: build it, and the environment that makes a
+service started with ``--nvml=real`` load it and answer for a fake node (docs/nvml-mock.md).
+
+    for key, value in mock_nvml_env(config).items():   # LD_LIBRARY_PATH, GPUSLICE_NVML_MOCK_NODE
+        monkeypatch.setenv(key, value)
+    EnforcerProcess(config, workdir, ["--nvml=real"]).start()   # inherits the environment
+
+The loader reads ``LD_LIBRARY_PATH`` when a process starts, so it works for child processes
+only; the test process itself keeps whatever NVML it has.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+from pathlib import Path
+
+from gpuslice_nvml import mock
+
+ROOT = Path(__file__).resolve().parents[4]
+
+
+@functools.cache
+def mock_library_dir() -> Path:
+    """Build (or find in the cache) the mock library; its directory."""
+    build = subprocess.run(
+        ["bash", str(ROOT / "hack" / "nvml-mock.sh")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    if build.returncode != 0:
+        raise RuntimeError(f"hack/nvml-mock.sh failed:\n{build.stderr}")
+    return Path(build.stdout.strip().splitlines()[-1])
+
+
+def mock_nvml_env(config: Path) -> dict[str, str]:
+    """What to add to a service's environment so its real NVML backend is the mock on the fake
+    node of ``config`` (the node file is written, the state created if missing)."""
+    path = os.pathsep.join(
+        p for p in (str(mock_library_dir()), os.environ.get("LD_LIBRARY_PATH", "")) if p
+    )
+    return {"LD_LIBRARY_PATH": path, **mock.prepare(config)}
