@@ -270,3 +270,15 @@ def test_setting_done_ends_the_wait_without_a_signal() -> None:
     signals = StopSignals(done)
     threading.Timer(0.05, done.set).start()
     assert signals.wait() == 0
+
+
+@pytest.mark.timeout(10)
+def test_a_signal_while_the_main_thread_holds_the_events_lock_does_not_deadlock() -> None:
+    """Python runs a handler between two bytecodes of the main thread, also inside
+    ``Event.wait`` while that thread holds the event's lock; a handler that set the event
+    there waited for itself (a service that logged nothing after SIGTERM, killed 20 s later)."""
+    signals = StopSignals()
+    with signals.done._cond:  # type: ignore[attr-defined]  # as inside Event.wait
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler runs here
+    assert signals.wait() == signal.SIGTERM
+    assert signals.done.is_set()

@@ -44,7 +44,6 @@ import tomllib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 #: The command line that runs this program like ``nvidia-cuda-mps-control``.
@@ -419,8 +418,12 @@ def serve(daemon: Daemon) -> int:
     listener.listen(16)
     listener.settimeout(0.1)
 
-    def on_term(_signum: int, _frame: FrameType | None) -> None:
-        daemon.quit.set()
+    # The handler only records: an Event.set there can wait for a lock the main thread holds
+    # (gpuslice_core.grpcserver.StopSignals; this file imports nothing of gpuslice).
+    stopped: list[int] = []
+
+    def on_term(signum: int, _frame: object) -> None:
+        stopped.append(signum)
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
@@ -428,7 +431,7 @@ def serve(daemon: Daemon) -> int:
     (pipe / PID_FILE).write_text(f"{os.getpid()}\n")
     _log(f"daemon started (protocol {daemon.protocol}, multiuser {daemon.multiuser})")
     try:
-        while not daemon.quit.is_set():
+        while not daemon.quit.is_set() and not stopped:
             try:
                 conn, _ = listener.accept()
             except TimeoutError:

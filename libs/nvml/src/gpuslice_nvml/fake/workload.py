@@ -34,10 +34,10 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 
 from gpuslice_core.cli import EnvArgumentParser
 from gpuslice_core.errors import GpusliceError
+from gpuslice_core.grpcserver import StopSignals
 from gpuslice_nvml.errors import NvmlInsufficientMemory, NvmlInUse
 from gpuslice_nvml.fake.control import FakeNvmlControl
 from gpuslice_nvml.fake.ctl import parse_bytes, parse_device
@@ -125,19 +125,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"unavailable {exc}", flush=True)
         return 3
 
-    def on_term(_signum: int, _frame: FrameType | None) -> None:
-        workload.stop.set()
-
-    signal.signal(signal.SIGTERM, on_term)
+    # An Event.set in a handler can wait for the main thread's own lock (StopSignals).
+    signals = StopSignals(workload.stop, (signal.SIGTERM,))
     print(f"ready {workload.pid}", flush=True)
     threading.Thread(target=workload.serve_stdin, daemon=True).start()
     try:
         if accounting == "runnable":
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-            while not workload.stop.is_set():
+            while not workload.stop.is_set() and not signals.received:
                 pass  # busy: runnable whenever it is not frozen
         else:
-            workload.stop.wait()
+            signals.wait()
     finally:
         control.remove_process(workload.pid)
     return 0
