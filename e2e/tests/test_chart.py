@@ -390,7 +390,11 @@ def test_the_controller_is_on_by_default_with_its_own_certificates(helm_bin: Pat
         [hook] = one(objs, kind, name)["webhooks"]
         service = hook["clientConfig"]["service"]
         assert (service["name"], service["namespace"], service["path"]) == (name, "gpuslice", path)
-        assert hook["failurePolicy"] == "Fail" and "caBundle" not in hook["clientConfig"]
+        assert "caBundle" not in hook["clientConfig"]
+        # claims fail open (prepare checks the same config); dialect pods fail closed (created
+        # untranslated they would only wait for resources nothing serves)
+        policy = "Ignore" if kind.startswith("Validating") else "Fail"
+        assert hook["failurePolicy"] == policy, kind
     assert not find(objs, "Certificate") and not find(objs, "Issuer")
 
     off = render(helm_bin, "--set", "controller.enabled=false")
@@ -477,8 +481,19 @@ def test_controller_rbac_is_exactly_its_calls(helm_bin: Path) -> None:
     assert {r for r in rule_set(one(cert_manager, "Role", name)) if r[1] == "secrets"} == {
         ("", "secrets", v, secret) for v in ("list", "watch")
     }
+    # with cert-manager it only watches them: readiness waits for the injected bundle
+    watch_only = {r for r in CONTROLLER_WEBHOOK_RULES if r[2] in ("list", "watch")}
     assert rule_set(one(cert_manager, "ClusterRole", name)) == (
-        CONTROLLER_CLUSTER_RULES | CONTROLLER_VIEW_RULES
+        CONTROLLER_CLUSTER_RULES | CONTROLLER_VIEW_RULES | watch_only
+    )
+    # it keeps (and waits for) only the configurations the chart creates
+    env = env_of(one(cert_manager, "Deployment", name)["spec"]["template"]["spec"]["containers"][0])
+    assert (env["VALIDATING_WEBHOOKS"], env["MUTATING_WEBHOOKS"]) == (name, name)
+    no_pods = render(helm_bin, *sets("controller.webhook.pods.enabled=false"))
+    [container] = one(no_pods, "Deployment", name)["spec"]["template"]["spec"]["containers"]
+    assert (env_of(container)["VALIDATING_WEBHOOKS"], env_of(container)["MUTATING_WEBHOOKS"]) == (
+        name,
+        "",
     )
 
 
@@ -1139,8 +1154,8 @@ def installed(
         "-n",
         namespace,
         f"--kubeconfig={sandbox.kubeconfig}",
-        # No controller: nothing runs its pods here, and its webhooks (failurePolicy Fail, every
-        # namespace) would refuse the GPU claims of the suites that share this sandbox.
+        # No controller: nothing runs its pods here, and its webhooks (every namespace) would be
+        # called for the GPU claims and pods of the suites that share this sandbox.
         *sets("deviceClasses.enabled=false", "controller.enabled=false"),
     )
     try:
@@ -1212,6 +1227,10 @@ def test_installed_rbac_allows_exactly_the_calls_of_the_services(
     as_node.list(
         resource_path(RESOURCE, "resourceslices"),
         field_selector=f"spec.nodeName=chart-node-a,spec.driver={DRIVER}",
+    )
+    # the coexistence check at start: every driver's slices of its node
+    as_node.list(
+        resource_path(RESOURCE, "resourceslices"), field_selector="spec.nodeName=chart-node-a"
     )
     as_node.list(resource_path("v1", "nodes"), field_selector="metadata.name=chart-node-a")
     as_node.list(

@@ -47,6 +47,7 @@ GIB = 1024**3
 NODE = [{"model": "L4", "count": 2}]
 NVML = {"driverVersion": "615.20"}
 CLASSES_V1 = "resource.k8s.io/v1"
+ADMISSION = "admissionregistration.k8s.io/v1"
 
 
 @dataclass
@@ -306,14 +307,39 @@ def test_a_one_sided_share_gets_a_warning_kubectl_shows(
     assert "Warning: spec.devices.requests[0].exactly: asks for cores but not memory" in out.stderr
 
 
-def test_with_the_controller_down_only_our_claims_wait(
+def test_with_the_controller_down_our_claims_pass_unchecked_unless_fail_is_chosen(
     kube: RawApi, ns: str, controller: Controller
 ) -> None:
+    """The chart's default (claims failurePolicy Ignore, issue 29): a down controller locks
+    nobody out, and prepare checks the same config (test_claim_checks_agree.py). With
+    failurePolicy Fail our claims wait for it, other drivers' claims and plain pods never do."""
+    validating = resource_path(ADMISSION, "validatingwebhookconfigurations", name=controller.name)
+
+    def policy(value: str) -> None:
+        live = kube.get(validating)
+        for hook in live["webhooks"]:
+            hook["failurePolicy"] = value
+        kube.replace(validating, live)
+
+    assert {h["failurePolicy"] for h in kube.get(validating)["webhooks"]} == {"Ignore"}
     controller.stop()
     try:
         other = claim(ns, "other", {"deviceClassName": "nic.example.com"})
         assert create_claim(kube, other)["metadata"]["name"] == "other"
-        message = denial(kube, claim(ns, "ours", {"deviceClassName": "gpu.gpuslice.dev"}))
+        unchecked = claim(ns, "unchecked", {"deviceClassName": "gpu.gpuslice.dev"}, BAD_CONFIG)
+        assert create_claim(kube, unchecked)["metadata"]["name"] == "unchecked"
+        policy("Fail")
+        tries = iter(range(1000))
+
+        def refused() -> str | None:  # the API server's informer sees the change in a moment
+            attempt = claim(ns, f"ours-{next(tries)}", {"deviceClassName": "gpu.gpuslice.dev"})
+            try:
+                create_claim(kube, attempt)
+            except KubeError as exc:
+                return str(exc)
+            return None
+
+        message = wait_for(refused, 10, "failurePolicy Fail to take effect")
         assert 'failed calling webhook "claims.gpu.gpuslice.dev"' in message
         # Pods that use no dialect are not sent at all.
         plain = {
@@ -324,6 +350,7 @@ def test_with_the_controller_down_only_our_claims_wait(
         }
         kube.create(resource_path("v1", "pods", namespace=ns), plain)
     finally:
+        policy("Ignore")
         controller.start()
         wait_for(lambda: _ready(controller.port) or None, 60, "the controller to be ready")
     create_claim(kube, claim(ns, "ours", {"deviceClassName": "gpu.gpuslice.dev"}))

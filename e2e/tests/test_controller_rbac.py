@@ -8,8 +8,9 @@ by the chart's rules and nothing else. Then:
 
 - its identity reads and watches its TLS Secret, and cannot list the namespace's Secrets or
   read another one;
-- the chart's webhook configurations, created after it started (the chart's hourly check
-  interval), get the CA bundle within seconds; so does one re-applied without it and one
+- it is not ready while the chart's webhook configurations do not exist; created after it
+  started (the chart's hourly check interval), they get the CA bundle within seconds, and the
+  controller is ready once both carry it; so does one re-applied without it and one
   deleted and created again; the real API server then calls the webhook with that bundle;
 - nothing it did in the whole module was forbidden (its log).
 """
@@ -22,6 +23,7 @@ import os
 import ssl
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -59,6 +61,7 @@ class Controller:
     api: RawApi
     """The controller's own identity (its ServiceAccount token)."""
     log: Path
+    port: int
 
     @property
     def secret(self) -> str:
@@ -92,15 +95,27 @@ def chart_env(deployment: Obj, namespace: str) -> dict[str, str]:
     }
 
 
-def ready(port: int) -> bool:
+BUNDLE_WAIT = "waiting for the CA bundle in the webhook configurations"
+
+
+def readyz(port: int) -> str | None:
+    """What /readyz answers ("ok\n" or "waiting for …"); None while nothing answers."""
     ctx = ssl.create_default_context()
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_NONE  # readiness only; the API server checks the chain
     try:
-        with urllib.request.urlopen(f"https://127.0.0.1:{port}/readyz", context=ctx, timeout=2):
-            return True
+        with urllib.request.urlopen(
+            f"https://127.0.0.1:{port}/readyz", context=ctx, timeout=2
+        ) as answer:
+            return str(answer.read().decode())
+    except urllib.error.HTTPError as exc:
+        return str(exc.read().decode())
     except OSError:
-        return False
+        return None
+
+
+def ready(port: int) -> bool:
+    return readyz(port) == "ok\n"
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +171,13 @@ def controller(
         assert env["CERT_CHECK_INTERVAL"] == "3600"  # only the watch can publish within seconds
         argv = [str(BIN / "gpuslice-controller")]
         proc = procs.start("controller", argv, log, env, cwd=Path.cwd(), die_with_parent=True)
-        wait_for(lambda: ready(port) or None, 60, "the controller to be ready")
+        # Up, its certificate loaded and its caches synced, but not ready: the chart's webhook
+        # configurations do not exist yet, so the API server could not call it.
+        wait_for(
+            lambda: readyz(port) == f"{BUNDLE_WAIT}\n" or None,
+            60,
+            "the controller to wait for nothing but the CA bundle",
+        )
         yield Controller(
             name,
             namespace,
@@ -165,6 +186,7 @@ def controller(
             [o for o in objs if o["kind"].endswith("WebhookConfiguration")],
             RawApi(new_api_client(kubeconfig, user_agent="gpuslice-rbac-test"), deadline=10),
             log,
+            port,
         )
     finally:
         for kind in ("validatingwebhookconfigurations", "mutatingwebhookconfigurations"):
@@ -244,10 +266,14 @@ def test_a_webhook_configuration_gets_the_bundle_within_seconds(
 ) -> None:
     # Created after the controller started, as the chart may (an upgrade that turns a webhook
     # on) or as a user does: the leader's watch publishes, not its hourly check.
+    assert not ready(controller.port)  # no configuration yet: nobody can call it
+    start = time.monotonic()
     for config in controller.webhooks:
         kube.create(resource_path(ADMISSION, plural(config["kind"])), config)
     took = published(kube, controller, "the CA bundle in both new webhook configurations")
     print(f"bundle published {took:.2f} s after the configurations were created")
+    wait_for(lambda: ready(controller.port) or None, PUBLISHED_WITHIN, "readiness")
+    print(f"ready {time.monotonic() - start:.2f} s after the configurations were created")
 
     # The real API server trusts it: the claim webhook answers (denies a bad config by name).
     ns = unique("rbac-adm")
@@ -298,6 +324,7 @@ def test_a_webhook_configuration_gets_the_bundle_within_seconds(
     assert bundles(kube, controller)[validating["kind"]] == {None}
     took = published(kube, controller, "the CA bundle back after a re-apply without it")
     print(f"bundle restored {took:.2f} s after a re-apply dropped it")
+    wait_for(lambda: ready(controller.port) or None, PUBLISHED_WITHIN, "readiness again")
 
     # Deleted and created again.
     kube.delete(path)

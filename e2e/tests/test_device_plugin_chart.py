@@ -98,6 +98,7 @@ def test_named_configs_and_the_enforcer_sidecar(
         "template",
         "x",
         str(CHART),
+        *("-n", "gpuslice"),
         *set_json("devicePlugin.configs", CONFIGS),
         *sets("devicePlugin.config=version: v1"),
         check=False,
@@ -117,7 +118,7 @@ def test_the_device_plugin_may_make_exactly_its_calls(
         "-n",
         namespace,
         f"--kubeconfig={sandbox.kubeconfig}",
-        # no controller: its fail-closed webhooks would refuse other suites' GPU claims here
+        # no controller: its webhooks would be called for other suites' GPU claims and pods here
         *sets("deviceClasses.enabled=false", "controller.enabled=false"),
     )
     try:

@@ -9,11 +9,12 @@ them; ``run(settings)`` is the process.
 Start: API client → resource.k8s.io version → caches (our ResourceSlices, the claim templates
 this controller made, the TLS Secret) → the cluster view (``ViewFeeder``, on every replica) →
 HTTPS server → leader election (the leader manages the certificates) → metrics. The server
-answers /readyz only once a certificate is loaded and the admission caches have synced, so no
-review is answered from an empty cache; it does not wait for the view, so admission never
-depends on it (the view's own endpoints answer 503 until it has synced). Stop (SIGTERM,
-SIGINT): readiness goes first, then the server finishes the reviews in flight, then the caches
-and the view stop.
+answers /readyz only once a certificate is loaded, the admission caches have synced and both
+webhook configurations carry a CA bundle that trusts the served certificate
+(``tls.bundleready``), so no review is answered from an empty cache and none fails with an
+unknown authority; it does not wait for the view, so admission never depends on it (the view's
+own endpoints answer 503 until it has synced). Stop (SIGTERM, SIGINT): readiness goes first, then
+the server finishes the reviews in flight, then the caches and the view stop.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from gpuslice_controller.cli import Settings
 from gpuslice_controller.leader import Leadership
 from gpuslice_controller.server import WebhookServer
 from gpuslice_controller.tls import certs, rotation
+from gpuslice_controller.tls.bundleready import BundleReadiness
 from gpuslice_controller.tls.serving import ServingCert, TlsSecretWatch
 from gpuslice_controller.view.api import ViewApi
 from gpuslice_controller.view.auth import Authorizer, Reviewer
@@ -103,6 +105,8 @@ class ControllerApp:
             view_api = ViewApi(self.feeder, Authorizer(reviewer, ttl=s.view_auth_ttl))
         cert = ServingCert(s.cert_dir)
         self.secret_watch = TlsSecretWatch(raw, s.namespace, s.tls_secret, cert)
+        webhooks = rotation.WebhookConfigs(s.validating_webhooks, s.mutating_webhooks)
+        self.bundles = BundleReadiness(raw, webhooks, lambda: cert.chain)
         self.server = WebhookServer(
             metrics.parse_addr(s.webhook_addr),
             cert,
@@ -113,6 +117,7 @@ class ControllerApp:
             readiness={
                 "the ResourceSlice cache": self.inventory.synced,
                 "the claim template cache": self.translator.synced,
+                "the CA bundle in the webhook configurations": self.bundles.ready,
             },
             view=view_api,
         )
@@ -122,7 +127,7 @@ class ControllerApp:
                 raw,
                 namespace=s.namespace,
                 secret=s.tls_secret,
-                webhooks=rotation.WebhookConfigs(s.validating_webhooks, s.mutating_webhooks),
+                webhooks=webhooks,
                 policy=certs.Policy(s.cert_hosts, s.ca_validity, s.cert_validity),
             )
         self.poller: LivePoller | None = None
@@ -190,7 +195,7 @@ class ControllerApp:
             cluster_view=self.feeder is not None,
             live_usage_interval=s.live_usage_interval if self.poller is not None else 0,
         )
-        for part in (self.inventory, self.translator, self.secret_watch.reflector):
+        for part in (self.inventory, self.translator, self.secret_watch.reflector, self.bundles):
             part.start()
         if self.feeder is not None and self.diagnostics is not None:
             self.feeder.listen(self.diagnostics.on_change)
@@ -215,7 +220,7 @@ class ControllerApp:
         self.server.stop()
         if self.feeder is not None:
             self.feeder.stop()
-        for part in (self.secret_watch.reflector, self.translator, self.inventory):
+        for part in (self.bundles, self.secret_watch.reflector, self.translator, self.inventory):
             part.stop()
         if self._http is not None:
             self._http.shutdown()

@@ -36,6 +36,7 @@ from gpuslice_kubelet_plugin import __version__
 from gpuslice_kubelet_plugin.cdispecs import CdiWriter
 from gpuslice_kubelet_plugin.checkpoint import Committer, InstanceLock, open_store
 from gpuslice_kubelet_plugin.cli import PROG, Settings
+from gpuslice_kubelet_plugin.coexist import check_coexistence
 from gpuslice_kubelet_plugin.devices import Devices
 from gpuslice_kubelet_plugin.enforcer import Enforcer, GrpcEnforcer, NoEnforcer
 from gpuslice_kubelet_plugin.gc import ClaimCollector
@@ -72,6 +73,7 @@ class KubeletPluginApp:
         api = ResourceApi(raw, detect(raw))
         if s.mode_check:
             check_node_mode(raw, s.node_name)
+            check_coexistence(raw, s.node_name, nvml, api.server.group_version)
         s.state_dir.mkdir(parents=True, exist_ok=True)
         self.instance = InstanceLock(s.state_dir)
         try:  # the lock is released when any part cannot be built

@@ -183,7 +183,9 @@ def build_parser() -> EnvArgumentParser:
         default=True,
         help="Refuse to start (exit 3, a Warning Event KubeletPluginRefused on the Node) on a "
         f"node labelled {MODE_LABEL}=device-plugin or whose capacity shows GPUs served by a "
-        "device plugin: a GPU must not be served by both.",
+        "device plugin, where another DRA driver publishes the same GPUs, or where the GPU "
+        "Operator's MIG manager manages MIG (label nvidia.com/mig.config without "
+        "nvidia.com/gpu.deploy.mig-manager=false): a GPU must not be managed by both.",
     )
     p.add_bool_flag(
         "--claim-cache",

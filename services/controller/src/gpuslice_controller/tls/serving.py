@@ -33,6 +33,8 @@ class ServingCert:
         self._lock = threading.Lock()
         self.loaded = threading.Event()
         self.fingerprint = ""
+        self.chain = b""
+        """The PEM served (leaf first): what the webhook configurations' bundles must trust."""
 
     def load(self, cert: bytes, key: bytes) -> bool:
         """Serve ``cert``/``key`` from now on; False when they are what is served already."""
@@ -55,6 +57,7 @@ class ServingCert:
         with self._lock:
             self._context = context
             self.fingerprint = fingerprint
+            self.chain = cert
         self.loaded.set()
         log.info("serving certificate loaded", sha256=fingerprint[:16])
         return True
