@@ -31,9 +31,8 @@ from gpuslice_core.errors import GpusliceError
 from gpuslice_core.logging import get_logger
 from gpuslice_draplugin.kubeapi import device_fields, read_node
 from gpuslice_kube.errors import KubeError
-from gpuslice_kube.events import node_event
 from gpuslice_kube.raw import RawApi, resource_path
-from gpuslice_kubelet_plugin.nodemode import COMPONENT, REFUSED_REASON, NodeRefusedError
+from gpuslice_kubelet_plugin.nodemode import refuse
 from gpuslice_nvml import Nvml
 
 log = get_logger(__name__)
@@ -124,17 +123,5 @@ def check_coexistence(raw: RawApi, node_name: str, nvml: Nvml, group_version: st
         log.warning("coexistence with other drivers not checked", node=node_name, error=str(exc))
         slices = []
     reason = coexistence_refusal(node, slices, _gpu_uuids(nvml))
-    if reason is None:
-        return
-    log.error("refusing to start: other GPU software manages this node's GPUs", reason=reason)
-    uid = str((node.get("metadata") or {}).get("uid") or "")
-    node_event(
-        raw,
-        node_name,
-        uid,
-        type_="Warning",
-        reason=REFUSED_REASON,
-        message=reason,
-        component=COMPONENT,
-    )
-    raise NodeRefusedError(reason)
+    if reason is not None:
+        refuse(raw, node, "other GPU software manages this node's GPUs", reason)

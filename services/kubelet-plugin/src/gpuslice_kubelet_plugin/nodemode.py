@@ -10,6 +10,8 @@ there.
 
 from __future__ import annotations
 
+from typing import Any, NoReturn
+
 from gpuslice_api.nodemode import kubelet_plugin_refusal
 from gpuslice_core.errors import FailedPreconditionError
 from gpuslice_core.logging import get_logger
@@ -35,14 +37,18 @@ def check_node_mode(raw: RawApi, node_name: str) -> None:
         log.warning("per-node mode not checked: cannot read the Node", node=node_name)
         return
     reason = kubelet_plugin_refusal(node)
-    if reason is None:
-        return
-    log.error("refusing to start: this node is in device-plugin mode", reason=reason)
-    uid = str((node.get("metadata") or {}).get("uid") or "")
+    if reason is not None:
+        refuse(raw, node, "this node is in device-plugin mode", reason)
+
+
+def refuse(raw: RawApi, node: dict[str, Any], what: str, reason: str) -> NoReturn:
+    """Refuse ``node``: the error line, the Warning Event on the Node, NodeRefusedError."""
+    log.error(f"refusing to start: {what}", reason=reason)
+    meta = node.get("metadata") or {}
     node_event(
         raw,
-        node_name,
-        uid,
+        str(meta.get("name") or ""),
+        str(meta.get("uid") or ""),
         type_="Warning",
         reason=REFUSED_REASON,
         message=reason,
