@@ -161,6 +161,9 @@ def services(root: Path, kubeconfig: Path | None) -> dict[str, Service]:
                 "--cert-hosts=127.0.0.1",
                 f"--cert-dir={root / 'certs'}",
                 "--lease-name=stress",
+                # no webhook configurations here: readiness would wait for their CA bundle
+                "--validating-webhooks=",
+                "--mutating-webhooks=",
                 "--log-level=info",
             ],
             _https_ready(port),
