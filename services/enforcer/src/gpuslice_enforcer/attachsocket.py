@@ -16,8 +16,8 @@ sending, and past that the one that has waited longest goes. Only complete reque
 worker pool, at most ``MAX_QUEUED`` of them at once. When accepting fails (out of file
 descriptors), the loop gives up the oldest connection still sending if it has had
 ``EVICT_AFTER_S``, and otherwise stops accepting for a back-off that doubles up to
-``ACCEPT_BACKOFF_S[1]``, logging one line per ``LOG_EVERY_S`` at most. Every error text a client
-or the log gets is cut to ``MAX_TEXT`` characters (gpuslice_enforcer.hook).
+``ACCEPT_BACKOFF_S[1]``, logging one line per ``throttledlog.LOG_EVERY_S`` at most. Every error
+text a client or the log gets is cut to ``MAX_TEXT`` characters (gpuslice_enforcer.hook).
 
 The socket is bound at a temporary name, made 0600 and renamed into place, like the gRPC
 sockets (gpuslice_core.grpcserver); something other than a socket at its path is refused, never
@@ -33,7 +33,6 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +55,7 @@ from gpuslice_enforcer.attachwire import (
 )
 from gpuslice_enforcer.hook import attached_line
 from gpuslice_enforcer.servicer import ContainersServicer
+from gpuslice_enforcer.throttledlog import Throttled
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
 
 log = get_logger(__name__)
@@ -76,8 +76,6 @@ REPLY_TIMEOUT_S = 2.0
 EVICT_AFTER_S = 0.5
 #: Back-off of the accept loop after an accept error: first, most.
 ACCEPT_BACKOFF_S = (0.01, 1.0)
-#: A recurring complaint is logged once per this many seconds at most.
-LOG_EVERY_S = 10.0
 
 _HEADER = len(MAGIC) + 5
 _OUT_OF_DESCRIPTORS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
@@ -96,30 +94,6 @@ class CallError(Exception):
 def reply_frame(status: int, text: str) -> bytes:
     data = bounded(text, 2 * MAX_TEXT).encode()  # a guard: CallError's text is cut already
     return bytes([status]) + len(data).to_bytes(4, "big") + data
-
-
-class Throttled:
-    """One log line per ``every`` seconds at most for a recurring event; each line says how
-    many times it happened since the last one."""
-
-    def __init__(
-        self, event: str, every: float = LOG_EVERY_S, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self.event = event
-        self.every = every
-        self.clock = clock
-        self.count = 0
-        self._last: float | None = None
-
-    def __call__(self, **fields: object) -> bool:
-        """Count one occurrence; True when it was logged."""
-        self.count += 1
-        now = self.clock()
-        if self._last is not None and now - self._last < self.every:
-            return False
-        log.warning(self.event, occurrences=self.count, **fields)
-        self._last, self.count = now, 0
-        return True
 
 
 @dataclass
