@@ -243,7 +243,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = settings_from(args)
     except ValueError as exc:
         configure_logs(args.log_level, args.node_name)
-        gslog.get_logger(__name__).error("start-up failed", error=str(exc))
+        # by name: under `python -m gpuslice_enforcer.cli`, __name__ is __main__
+        gslog.get_logger("gpuslice_enforcer.cli").error("start-up failed", error=str(exc))
         return 2
     from gpuslice_enforcer.app import run
 
