@@ -64,9 +64,6 @@ INTERNAL_LAYERS = {
 SERVICE_SHAPE = ["cli", "app", "server", "servicer"]
 #: Where a service calls a layer something else: the device plugin's app is run.py.
 SHAPE_ALIASES = {"gpuslice_device_plugin": {"app": "run"}}
-#: Services not in the shape yet, left out of the per-service contract.
-#: enforcer: shape pending, issue 28 (its cli, config and server are reshaped on another branch).
-SHAPE_PENDING = {"gpuslice_enforcer"}
 NOT_DOMAIN = {"__init__", "__main__"}
 
 
@@ -137,9 +134,7 @@ def contracts() -> str:
         "source_modules =\n" + "".join(f"    {p}\n" for p in [*services, *libs]) + ""
         f"forbidden_modules =\n    {TESTKIT}\n"
         + "".join(internal(p) for p in INTERNAL_LAYERS)
-        + "".join(
-            service_contract(p) for p in member_packages("services") if p not in SHAPE_PENDING
-        )
+        + "".join(service_contract(p) for p in member_packages("services"))
     )
 
 

@@ -154,7 +154,7 @@ class NodeServices:
 
     def start_enforcer(self, timeout: float = 30) -> Proc:
         argv = [
-            *_console("gpuslice-enforcer", "gpuslice_enforcer.cli"),
+            *_console("gpuslice-enforcer", "gpuslice_enforcer"),
             *self._common(),
             f"--socket={self.enforcer_socket}",
             f"--state-dir={self.root / 'enforcer'}",

@@ -23,8 +23,9 @@ import pytest
 from gpuslice_core.errors import NotFoundError
 from gpuslice_enforcer import attachwire as wire
 from gpuslice_enforcer import hook
-from gpuslice_enforcer.attachsocket import AttachSocketServer, Throttled, attach_socket_for
+from gpuslice_enforcer.server import AttachSocketServer, attach_socket_for
 from gpuslice_enforcer.servicer import ContainersServicer
+from gpuslice_enforcer.throttledlog import Throttled
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
 from gpuslice_testkit.enforcer import run_hook_command
 

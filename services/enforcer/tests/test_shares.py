@@ -10,9 +10,8 @@ from gpuslice_core.errors import FailedPreconditionError, InvalidArgumentError, 
 from gpuslice_enforcer.cgroups import CgroupView, Mount
 from gpuslice_enforcer.config import EnforcerConfig
 from gpuslice_enforcer.mps import MpsManager
-from gpuslice_enforcer.server import checkpoint_store
 from gpuslice_enforcer.shares import AttachRequest, ShareManager, ShareRequest, share_id_for
-from gpuslice_enforcer.state import Mechanism, Mode
+from gpuslice_enforcer.state import Mechanism, Mode, open_store
 from gpuslice_nvml.fake import FakeNvml
 
 GIB = 1 << 30
@@ -30,7 +29,7 @@ def manager(node: Path, tmp_path: Path) -> ShareManager:
     m = ShareManager(
         FakeNvml.from_config_file(node),
         config,
-        checkpoint_store(config.state_dir, boot_id="boot-1"),
+        open_store(config.state_dir, boot_id="boot-1"),
         CgroupView(mounts=()),
         MpsManager(config),
     )
@@ -109,7 +108,7 @@ def hooked(node: Path, tmp_path: Path, root: Path) -> ShareManager:
     m = ShareManager(
         FakeNvml.from_config_file(node),
         config,
-        checkpoint_store(config.state_dir, boot_id="boot-1"),
+        open_store(config.state_dir, boot_id="boot-1"),
         CgroupView(mounts=(Mount(root, "/", 2),), proc=tmp_path),
         MpsManager(config),
     )

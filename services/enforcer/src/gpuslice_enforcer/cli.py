@@ -1,4 +1,11 @@
-"""``gpuslice-enforcer``: flags (each with an environment variable) and the main loop."""
+"""``gpuslice-enforcer``: flags (each with an environment variable) → a frozen ``Settings``, and
+the entry point. Nothing past this module sees the parsed arguments.
+
+``Settings`` holds what the process is told (node name, metrics address, log level, NVML
+backend) and the ``EnforcerConfig`` the domain modules read (``gpuslice_enforcer.config``: the
+shares, the watchdog, MPS and the container edits take it, and they may not import this
+module). ``--help`` is the configuration reference.
+"""
 
 from __future__ import annotations
 
@@ -6,21 +13,38 @@ import argparse
 import shlex
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from gpuslice_core import logging as gslog
 from gpuslice_core.cli import EnvArgumentParser
-from gpuslice_core.errors import GpusliceError
-from gpuslice_core.grpcserver import StopSignals
-from gpuslice_core.metrics import serve as serve_metrics
 from gpuslice_enforcer.config import (
     COMPUTE_MODE_POLICIES,
     MEMORY_ACTIONS,
     SM_ACTIONS,
     EnforcerConfig,
 )
-from gpuslice_enforcer.server import Enforcer
-from gpuslice_nvml import add_nvml_arguments, nvml_from_args
+from gpuslice_nvml import add_nvml_arguments
+
+COMPONENT = "enforcer"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the enforcer is told at start, checked (``ValueError`` names the flag)."""
+
+    #: What the enforcement mechanisms are told: sockets, checkpoint, watchdog, MPS, hook.
+    enforcement: EnforcerConfig
+    node_name: str = ""
+    #: HOST:PORT of the Prometheus endpoint; empty: none.
+    metrics_addr: str = ""
+    log_level: str = "info"
+    nvml: str = "real"
+    fake_nvml_config: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.enforcement.sample_interval_s <= 0:
+            raise ValueError("--sample-interval must be > 0")
 
 
 def build_parser() -> EnvArgumentParser:
@@ -165,7 +189,7 @@ def build_parser() -> EnvArgumentParser:
     return p
 
 
-def config_from_args(args: argparse.Namespace) -> EnforcerConfig:
+def settings_from(args: argparse.Namespace) -> Settings:
     control = tuple(shlex.split(args.mps_control)) if args.mps_control else None
     mps_env: dict[str, str] = {}
     if args.nvml == "fake":
@@ -174,7 +198,7 @@ def config_from_args(args: argparse.Namespace) -> EnforcerConfig:
         control = control or FAKE_MPS_CONTROL
         if args.fake_nvml_config:
             mps_env["FAKE_NVML_CONFIG"] = str(Path(args.fake_nvml_config).resolve())
-    return EnforcerConfig(
+    enforcement = EnforcerConfig(
         socket=Path(args.socket),
         state_dir=Path(args.state_dir),
         hook_socket=Path(args.hook_socket) if args.hook_socket else None,
@@ -194,34 +218,37 @@ def config_from_args(args: argparse.Namespace) -> EnforcerConfig:
         keep_mps_on_exit=not args.stop_mps_on_exit,
         manage_compute_mode=args.compute_mode == "exclusive",
     )
+    return Settings(
+        enforcement=enforcement,
+        node_name=args.node_name,
+        metrics_addr=args.metrics_addr,
+        log_level=args.log_level,
+        nvml=args.nvml,
+        fake_nvml_config=args.fake_nvml_config,
+    )
+
+
+def configure_logs(level: str, node_name: str) -> None:
+    """JSON lines on stdout, each with the node's name when it is known."""
+    gslog.configure(component=COMPONENT, level=level)
+    if node_name:
+        import structlog
+
+        structlog.contextvars.bind_contextvars(node=node_name)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    gslog.configure(component="enforcer", level=args.log_level)
-    log = gslog.get_logger("gpuslice.enforcer")
-    if args.node_name:
-        import structlog
-
-        structlog.contextvars.bind_contextvars(node=args.node_name)
-    if args.sample_interval <= 0:
-        log.error("start-up failed", error="--sample-interval must be > 0")
-        return 2
-    signals = StopSignals()
     try:
-        nvml = nvml_from_args(args)
-        enforcer = Enforcer(config_from_args(args), nvml)
-        enforcer.start()
-    except GpusliceError as exc:
-        log.error("start-up failed", error=str(exc))
-        return 1
-    if args.metrics_addr:
-        serve_metrics(args.metrics_addr, enforcer.metrics.registry)
-    received = signals.wait()
-    log.info("stopping", signal=received)
-    enforcer.stop()
-    nvml.close()
-    return 0
+        settings = settings_from(args)
+    except ValueError as exc:
+        configure_logs(args.log_level, args.node_name)
+        # by name: under `python -m gpuslice_enforcer.cli`, __name__ is __main__
+        gslog.get_logger("gpuslice_enforcer.cli").error("start-up failed", error=str(exc))
+        return 2
+    from gpuslice_enforcer.app import run
+
+    return run(settings)
 
 
 if __name__ == "__main__":

@@ -272,7 +272,7 @@ class ContainersServicer(pb_grpc.EnforcerContainersServicer):
     ) -> pb.DetachContainerResponse:
         return self.detach(request)
 
-    # The same calls for the attach socket (gpuslice_enforcer.attachsocket), which has no
+    # The same calls for the attach socket (gpuslice_enforcer.server), which has no
     # gRPC context.
     def attach(self, request: pb.AttachContainerRequest) -> pb.AttachContainerResponse:
         with (

@@ -9,8 +9,13 @@ docs/checkpoint.md; models never forbid unknown fields, every field has a defaul
 from __future__ import annotations
 
 import enum
+import os
+from pathlib import Path
 
 from pydantic import BaseModel, Field
+
+from gpuslice_core.checkpoint import CheckpointStore
+from gpuslice_core.files import make_dirs
 
 CHECKPOINT_KIND = "enforcer"
 SCHEMA_VERSION = 1
@@ -158,3 +163,23 @@ class EnforcerState(BaseModel):
     #: EXCLUSIVE_PROCESS for its MPS shares; restored after the last one. Written before the
     #: mode is changed, so a crash in between leaves a record, never a mode nobody restores.
     compute_modes: dict[str, str] = Field(default_factory=dict)
+
+
+def open_store(state_dir: Path, boot_id: str | None = None) -> CheckpointStore[EnforcerState]:
+    """The checkpoint in ``state_dir``: the directory 0700 and its lock file 0600, whatever the
+    umask (the checkpoint itself is written 0600)."""
+    make_dirs(state_dir, 0o700)
+    state_dir.chmod(0o700)  # the enforcer's own, also when an earlier start made it looser
+    path = state_dir / "enforcer.json"
+    lock = os.open(path.with_name(path.name + ".lock"), os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        os.fchmod(lock, 0o600)
+    finally:
+        os.close(lock)
+    return CheckpointStore(
+        path,
+        kind=CHECKPOINT_KIND,
+        model=EnforcerState,
+        schema_version=SCHEMA_VERSION,
+        boot_id=boot_id,
+    )
