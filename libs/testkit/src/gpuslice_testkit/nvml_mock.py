@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 from gpuslice_nvml import mock
+from gpuslice_testkit import nvidia_smi
 
 NvmlBackend = Literal["fake", "mock"]
 """How a started service reaches a fake node's GPUs: ``fake``, the Python fake backend
@@ -47,11 +48,20 @@ def mock_library_dir() -> Path:
 
 def mock_nvml_env(config: Path) -> dict[str, str]:
     """What to add to a service's environment so its real NVML backend is the mock on the fake
-    node of ``config`` (the node file is written, the state created if missing)."""
+    node of ``config`` (the node file is written, the state created if missing), with the
+    stand-in ``nvidia-smi`` (``gpuslice_testkit.nvidia_smi``) first on ``PATH`` for GPU resets."""
     path = os.pathsep.join(
         p for p in (str(mock_library_dir()), os.environ.get("LD_LIBRARY_PATH", "")) if p
     )
-    return {"LD_LIBRARY_PATH": path, **mock.prepare(config)}
+    env = mock.prepare(config)
+    shim = nvidia_smi.write_shim(Path(env[mock.NODE_ENV]).parent / "bin")
+    return {
+        "LD_LIBRARY_PATH": path,
+        **env,
+        # the real backend resets a GPU with nvidia-smi: the stand-in, on this node
+        "PATH": os.pathsep.join((str(shim.parent), os.environ.get("PATH", os.defpath))),
+        nvidia_smi.CONFIG_ENV: str(Path(config).resolve()),
+    }
 
 
 def nvml_flags(backend: NvmlBackend, config: Path) -> list[str]:
