@@ -8,8 +8,9 @@ must be the same:
 * the enforcer: equal ``GetCapabilities``; the one on the mock serves a share (no control plane);
 * the kubelet plugin: the same ResourceSlice devices; a pod's claim on the mock node is
   prepared (CDI spec written) and the container gets the GPU;
-* the MIG manager: the same ``ListGpus``; a static layout applied through the one on the mock is
-  what both then list; a MIG *mode* change waits for a GPU reset the mock cannot do;
+* the MIG manager: the same ``ListGpus``; static layouts applied through the one on the mock,
+  with and without a MIG mode change (the GPU reset by the stand-in ``nvidia-smi``), are what
+  both then list;
 * the device plugin: registers with the node agent and lists the same devices.
 """
 
@@ -176,14 +177,16 @@ def differences(got: object, expected: object, at: str = "") -> list[str]:
     return [] if got == expected else [f"{at}: {got!r} != {expected!r}"]
 
 
-def gpus_json(services: NodeServices, *, layout: str = "") -> list[dict[str, Any]]:
-    """``ListGpus`` as JSON; ``layout`` is what the manager that did not apply the layout
-    lists in its stead: an instance's layout is the applying manager's record (its state
-    directory), not the GPU's."""
+def gpus_json(
+    services: NodeServices, layouts: dict[int, str] | None = None
+) -> list[dict[str, Any]]:
+    """``ListGpus`` as JSON; ``layouts`` (GPU index → layout name) is what the manager that did
+    not apply a layout lists in its stead: an instance's layout is the record of the manager that
+    applied it (its state directory), not the GPU's."""
     gpus = mig_gpus(services)
     for gpu in gpus:
         for instance in gpu.instances:
-            instance.layout = instance.layout or layout
+            instance.layout = instance.layout or (layouts or {}).get(gpu.index, "")
     return [MessageToDict(m) for m in gpus]
 
 
@@ -200,10 +203,11 @@ mig-configs:
       mig-enabled: true
       mig-devices:
         "1g.10gb": 7
-  a100-on:
+  a100-halves:
     - devices: [2]
       mig-enabled: true
-      mig-devices: {}
+      mig-devices:
+        "3g.20gb": 2
 """
 
 
@@ -229,22 +233,21 @@ def test_the_mig_manager_on_the_mock_lists_and_applies_what_the_fake_shows(
             )
         assert applied.state == mig.LAYOUT_STATE_SUCCESS, applied.message
         assert [i.profile_name for i in mig_gpus(on_fake)[1].instances] == ["1g.10gb"] * 7
-        assert gpus_json(on_mock) == gpus_json(on_fake, layout="h100-sevenths")
+        assert gpus_json(on_mock) == gpus_json(on_fake, {1: "h100-sevenths"})
 
-        # MIG mode: set through NVML, in effect after a GPU reset, which the real backend asks of
-        # nvidia-smi: there is none on the mock's node, so the mode stays pending on both
+        # MIG mode: set through NVML, in effect after a GPU reset, which the real backend asks
+        # of nvidia-smi: on the mock's node, the stand-in that resets in the fake node's state
         with on_mock.mig_manager() as stub:
-            pending = stub.ApplyLayout(
-                mig.ApplyLayoutRequest(layout_name="a100-on", config_yaml=LAYOUT)
+            enabled = stub.ApplyLayout(
+                mig.ApplyLayoutRequest(layout_name="a100-halves", config_yaml=LAYOUT)
             )
-        assert pending.state == mig.LAYOUT_STATE_REBOOT_REQUIRED, pending.message
-        assert "nvidia-smi not found" in pending.gpus[0].waiting
-        listed = gpus_json(on_fake, layout="h100-sevenths")
+        assert enabled.state == mig.LAYOUT_STATE_SUCCESS, enabled.message
+        [change] = enabled.gpus
+        assert (change.previous_mode, change.mode) == (mig.MIG_MODE_DISABLED, mig.MIG_MODE_ENABLED)
+        listed = gpus_json(on_fake, {1: "h100-sevenths", 2: "a100-halves"})
         assert gpus_json(on_mock) == listed
-        assert (listed[2]["currentMode"], listed[2]["pendingMode"]) == (
-            "MIG_MODE_DISABLED",
-            "MIG_MODE_ENABLED",
-        )
+        assert listed[2]["currentMode"] == listed[2]["pendingMode"] == "MIG_MODE_ENABLED"
+        assert [i["profileName"] for i in listed[2]["instances"]] == ["3g.20gb"] * 2
     finally:
         for services in (on_mock, on_fake):
             if services is not None:
