@@ -31,6 +31,7 @@ from gpuslice_nvml import open_nvml
 from gpuslice_nvml.fake import FakeNvmlControl
 from gpuslice_testkit.kubelet_plugin.harness import write_node
 from gpuslice_testkit.kubelet_plugin.process import PluginProcess
+from gpuslice_testkit.nvml_mock import NvmlBackend
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = REPO_ROOT / "e2e" / "manifests" / "deviceclasses.yaml"
@@ -88,9 +89,12 @@ def start_gpu_node(
     name: str | None = None,
     root: Path | None = None,
     nvml_config: Path | None = None,
+    backend: NvmlBackend = "fake",
 ) -> GpuNode:
     """A node agent plus the kubelet plugin (with ``extra`` flags), registered. The fake NVML
-    config is written from ``gpus`` unless ``nvml_config`` names one already written."""
+    config is written from ``gpus`` unless ``nvml_config`` names one already written. The plugin
+    runs on the fake backend, or with ``backend="mock"`` on the real one over the mock library
+    (docs/nvml-mock.md), on the same fake node."""
     # imported here: importing the fixtures plugin at collection time defeats its registration
     from e2e.sandbox.nodeagent.fixtures import start_node_agent
 
@@ -109,6 +113,7 @@ def start_gpu_node(
         plugins_dir=kubelet / "plugins",
         log=root / "plugin.log",
         extra=extra,
+        backend=backend,
     )
     try:
         plugin.start()

@@ -13,6 +13,10 @@ share (DESIGN.md §1): ``gpuslice-kubelet-plugin``, ``gpuslice-enforcer`` and
     with pod.services.enforcer() as stub: stub.GetUsage(...)
     stop_node_pod(pod, kube)
 
+``backend="mock"`` runs every process of the pod with ``--nvml=real`` on the mock
+libnvidia-ml, driven by the same fake node (docs/nvml-mock.md); ``nvml_config=`` starts the
+services on a node another pod (e.g. one on the fake) already wrote.
+
 ``NodeServices.start`` alone starts just the services (``plugin_flags()`` gives the plugin's
 flags for them), e.g. for ``gpunode.start_gpu_node(..., extra=services.plugin_flags())`` when
 the default fake NVML config suffices.
@@ -50,6 +54,7 @@ from gpuslice_kube.raw import RawApi
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2_grpc, migmanager_pb2_grpc
 from gpuslice_testkit.enforcer import stop_mps_daemons
 from gpuslice_testkit.kubelet_plugin.harness import write_node
+from gpuslice_testkit.nvml_mock import NvmlBackend, nvml_env, nvml_flags
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -75,6 +80,7 @@ class NodeServices:
     kubeconfig: Path
     enforcer_args: list[str] = field(default_factory=list)
     mig_manager_args: list[str] = field(default_factory=list)
+    backend: NvmlBackend = "fake"
     running: dict[str, Proc] = field(default_factory=dict)
 
     # -- paths ----------------------------------------------------------------------------
@@ -113,13 +119,16 @@ class NodeServices:
         name: str | None = None,
         root: Path | None = None,
         timeout: float = 30,
+        backend: NvmlBackend = "fake",
+        nvml_config: Path | None = None,
     ) -> NodeServices:
         """Write the node's fake NVML config (the file ``start_gpu_node`` writes for the same
-        name and root; ``nvml`` adds top-level keys such as ``driverVersion``) and start the
-        services asked for, each healthy on its socket before this returns."""
+        name and root; ``nvml`` adds top-level keys such as ``driverVersion``), or take the one
+        ``nvml_config`` names, and start the services asked for on ``backend``, each healthy on
+        its socket before this returns."""
         name = name or unique("gpu-node")
         root = root or Path(tempfile.mkdtemp(prefix="gkn-"))
-        config = write_node(root, gpus, name)
+        config = nvml_config or write_node(root, gpus, name)
         if nvml:
             doc = yaml.safe_load(config.read_text())
             doc.update(nvml)
@@ -131,6 +140,7 @@ class NodeServices:
             sandbox.kubeconfig,
             list(enforcer_args),
             list(mig_manager_args) + (["--dynamic-mig"] if dynamic_mig else []),
+            backend,
         )
         services.socket_dir.mkdir(parents=True, exist_ok=True)
         try:
@@ -146,8 +156,7 @@ class NodeServices:
     def _common(self) -> list[str]:
         return [
             f"--node-name={self.name}",
-            "--nvml=fake",
-            f"--fake-nvml-config={self.nvml_config}",
+            *nvml_flags(self.backend, self.nvml_config),
             "--metrics-addr=",
             "--log-level=debug",
         ]
@@ -178,6 +187,7 @@ class NodeServices:
     def _start(self, service: str, argv: list[str], socket: Path, timeout: float) -> Proc:
         env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "NODE_NAME")}
         env["PYTHONUNBUFFERED"] = "1"
+        env.update(nvml_env(self.backend, self.nvml_config))
         proc = procs.start(
             service, argv, self.log(service), env, cwd=REPO_ROOT, die_with_parent=True
         )
@@ -273,6 +283,8 @@ def start_node_pod(
     mig_manager_args: tuple[str, ...] = (),
     plugin_args: tuple[str, ...] = (),
     nvml: dict[str, Any] | None = None,
+    backend: NvmlBackend = "fake",
+    nvml_config: Path | None = None,
 ) -> NodePod:
     """Services first (the plugin asks the enforcer for capabilities as it starts), then the
     GPU node: the node agent and the kubelet plugin pointed at the services' sockets."""
@@ -285,6 +297,8 @@ def start_node_pod(
         enforcer_args=enforcer_args,
         mig_manager_args=mig_manager_args,
         nvml=nvml,
+        backend=backend,
+        nvml_config=nvml_config,
     )
     try:
         node = start_gpu_node_for(
@@ -310,6 +324,7 @@ def start_gpu_node_for(
         name=services.name,
         root=services.root,
         nvml_config=services.nvml_config,
+        backend=services.backend,
     )
 
 

@@ -26,6 +26,7 @@ from gpuslice_kube.raw import Obj, RawApi, resource_path
 from gpuslice_nvml import open_nvml
 from gpuslice_nvml.fake import FakeNvmlControl
 from gpuslice_testkit.device_plugin import write_node
+from gpuslice_testkit.nvml_mock import NvmlBackend, nvml_env, nvml_flags
 
 pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
 pytestmark = pytest.mark.timeout(90)
@@ -64,14 +65,15 @@ def start_plugin(
     nvml_config: Path,
     config: str = "",
     *extra: str,
+    backend: NvmlBackend = "fake",
 ) -> Proc:
     """The real process, as the chart runs it: its own Node by name, the API server through a
-    kubeconfig (the sandbox's admin one: the chart's RBAC is tested in test_chart.py)."""
+    kubeconfig (the sandbox's admin one: the chart's RBAC is tested in test_chart.py); on the
+    fake backend, or with ``backend="mock"`` on the real one over the mock libnvidia-ml."""
     root = agent.config.root
     argv = [
         *command(),
-        "--nvml=fake",
-        f"--fake-nvml-config={nvml_config}",
+        *nvml_flags(backend, nvml_config),
         f"--device-plugins-dir={agent.config.device_plugins_dir}",
         f"--cdi-root={agent.config.cdi_dir}",
         f"--node-name={agent.name}",
@@ -86,6 +88,7 @@ def start_plugin(
         argv.append(f"--config-file={path}")
     env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "NODE_NAME")}
     env["PYTHONUNBUFFERED"] = "1"
+    env.update(nvml_env(backend, nvml_config))
     return procs.start(
         "device-plugin", argv, root / "device-plugin.log", env, cwd=REPO_ROOT, die_with_parent=True
     )
@@ -95,8 +98,9 @@ def start_plugin(
 def plugin_nodes(
     sandbox: ControlPlane, node_agents: Callable[..., NodeAgent]
 ) -> Iterator[Callable[..., PluginNode]]:
-    """``make(gpus or a fake NVML doc, config, *flags, labels=..., nvml_config=...)``: a node
-    agent labelled for device-plugin mode (plus ``labels``) with the plugin running on it."""
+    """``make(gpus or a fake NVML doc, config, *flags, labels=..., nvml_config=...,
+    backend=...)``: a node agent labelled for device-plugin mode (plus ``labels``) with the
+    plugin running on it (on the fake backend, or ``backend="mock"``)."""
     started: list[PluginNode] = []
 
     def make(
@@ -106,12 +110,13 @@ def plugin_nodes(
         labels: dict[str, str] | None = None,
         nvml_config: Path | None = None,
         agent: NodeAgent | None = None,
+        backend: NvmlBackend = "fake",
     ) -> PluginNode:
         agent = agent or node_agents(labels={**MODE, **(labels or {})})
         if nvml_config is None:
             doc = {"gpus": [{"model": "H100", "count": gpus}]} if isinstance(gpus, int) else gpus
             nvml_config = write_node(agent.config.root, doc, agent.name)
-        proc = start_plugin(agent, sandbox.kubeconfig, nvml_config, config, *extra)
+        proc = start_plugin(agent, sandbox.kubeconfig, nvml_config, config, *extra, backend=backend)
         node = PluginNode(agent, proc, nvml_config)
         started.append(node)
         return node

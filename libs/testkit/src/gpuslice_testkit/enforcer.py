@@ -31,6 +31,7 @@ from gpuslice_core.grpcserver import check_health
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2_grpc as pb_grpc
 from gpuslice_testkit.core import ServiceProcess
+from gpuslice_testkit.nvml_mock import NvmlBackend, nvml_env, nvml_flags
 
 FREEZER_ROOT = Path("/sys/fs/cgroup/freezer")
 BIN = Path(sys.executable).parent
@@ -248,7 +249,8 @@ class Workload:
 
 
 class EnforcerProcess(ServiceProcess):
-    """``gpuslice-enforcer`` as a real process on a unix socket, with the fake NVML."""
+    """``gpuslice-enforcer`` as a real process on a unix socket, on the fake NVML of ``config``
+    (or, with ``backend="mock"``, on the real backend over the mock library, same node)."""
 
     def __init__(
         self,
@@ -257,17 +259,21 @@ class EnforcerProcess(ServiceProcess):
         extra_args: Sequence[str] = (),
         *,
         hook: str = "python",
+        backend: NvmlBackend = "fake",
     ) -> None:
         """``hook``: the hook kind (``HOOK_KINDS``) the share's container edits name."""
         self.config = config
         self.workdir = workdir
         self.extra_args = list(extra_args)
         self.hook = hook
+        self.backend = backend
+        added = nvml_env(backend, config)
         super().__init__(
             "gpuslice-enforcer",
             self.args(),
             log=workdir / "enforcer.log",
             ready=lambda: self.socket.exists() and check_health(self.socket, timeout=1),
+            env={**os.environ, **added} if added else None,
         )
 
     @property
@@ -285,8 +291,7 @@ class EnforcerProcess(ServiceProcess):
     def args(self) -> list[str]:
         return [
             str(BIN / "gpuslice-enforcer"),
-            "--nvml=fake",
-            f"--fake-nvml-config={self.config}",
+            *nvml_flags(self.backend, self.config),
             f"--socket={self.socket}",
             f"--state-dir={self.state_dir}",
             f"--mps-root={self.mps_root}",

@@ -2,11 +2,13 @@
 
 plugin = PluginProcess(node="n1", kubeconfig=..., fake_nvml_config=..., state_dir=...,
                        cdi_root=..., registrar_dir=..., plugins_dir=...).start()
+PluginProcess(..., backend="mock")   # --nvml=real on the mock library, on the same fake node
 plugin.kill9() / plugin.terminate() / plugin.stop()
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ from gpuslice_api.names import DRIVER
 from gpuslice_draplugin import Sockets, probe
 from gpuslice_kubelet_plugin.checkpoint import open_store
 from gpuslice_testkit.core import ServiceProcess
+from gpuslice_testkit.nvml_mock import NvmlBackend, nvml_env, nvml_flags
 
 
 class PluginProcess(ServiceProcess):
@@ -30,6 +33,7 @@ class PluginProcess(ServiceProcess):
         plugins_dir: Path,
         log: Path,
         extra: tuple[str, ...] = (),
+        backend: NvmlBackend = "fake",
     ) -> None:
         self.node = node
         self.state_dir = state_dir
@@ -45,10 +49,7 @@ class PluginProcess(ServiceProcess):
             node,
             "--kubeconfig",
             str(kubeconfig),
-            "--nvml",
-            "fake",
-            "--fake-nvml-config",
-            str(fake_nvml_config),
+            *nvml_flags(backend, fake_nvml_config),
             "--cdi-root",
             str(cdi_root),
             "--registrar-dir",
@@ -61,12 +62,14 @@ class PluginProcess(ServiceProcess):
             "",
             *extra,
         ]
+        added = nvml_env(backend, fake_nvml_config)
         # ready when both sockets answer: probe() returns the problems, none when healthy
         super().__init__(
             "gpuslice-kubelet-plugin",
             argv,
             log=log,
             ready=lambda: not probe(self.sockets, timeout=1),
+            env={**os.environ, **added} if added else None,
         )
 
     @property

@@ -1,0 +1,52 @@
+"""The stand-in ``nvidia-smi`` resets a GPU in the fake node's state, as the real one would."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gpuslice_nvml.fake import FakeNvml, FakeNvmlControl
+from gpuslice_testkit import nvidia_smi
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture
+def config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "node.yaml"
+    path.write_text("name: smi\nstatePath: state.json\ngpus:\n  - model: A100-SXM4-40GB\n")
+    monkeypatch.setenv(nvidia_smi.CONFIG_ENV, str(path))
+    return path
+
+
+def test_a_reset_makes_the_pending_mig_mode_current_unless_in_use(
+    config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with FakeNvml.from_config_file(config) as nvml:
+        nvml.set_mig_mode(0, True)
+        bus = nvml.gpu(0).pci_bus_id
+        uuid = nvml.gpu(0).uuid
+    control = FakeNvmlControl.from_config_file(config)
+    control.add_process(77, uuid, used_memory_bytes=1 << 20)
+    long_domain = "0000" + bus.upper()  # NVML's busId has an 8-digit domain
+
+    assert nvidia_smi.main(["--gpu-reset", "-i", long_domain]) == 1
+    assert "(in use)" in capsys.readouterr().err  # what the real backend maps to IN_USE
+    control.remove_process(77)
+    assert nvidia_smi.main(["--gpu-reset", "-i", long_domain]) == 0
+    with FakeNvml.from_config_file(config) as nvml:
+        assert (nvml.mig_mode(0).current, nvml.mig_mode(0).pending) == (True, True)
+
+
+def test_other_uses_and_unknown_gpus_are_refused(config: Path) -> None:
+    assert nvidia_smi.main(["-q"]) == 2
+    assert nvidia_smi.main(["--gpu-reset", "-i", "0000:ff:00.0"]) == 6
+
+
+def test_the_shim_runs_the_module_from_path(config: Path, tmp_path: Path) -> None:
+    shim = nvidia_smi.write_shim(tmp_path / "bin")
+    done = subprocess.run([str(shim), "-q"], capture_output=True, text=True, check=False)
+    assert done.returncode == 2, done.stderr
+    assert "only `nvidia-smi --gpu-reset -i <bus id>`" in done.stderr
