@@ -73,7 +73,10 @@ PY
 }
 
 HEADER=$(header) || { [ "$MODE" = print ] && exit 1; die "no nvml.h"; }
-KEY=$( { cat "$SRC"/*.c "$SRC"/*.h "$SRC"/exports.map "$0" "$HEADER"; gcc --version | head -n1;
+# gcc's first line, without `| head` (under pipefail, gcc writing after head left fails the script)
+GCC_VERSION=$(gcc --version)
+GCC_VERSION=${GCC_VERSION%%$'\n'*}
+KEY=$( { cat "$SRC"/*.c "$SRC"/*.h "$SRC"/exports.map "$0" "$HEADER"; echo "$GCC_VERSION";
          echo "${CFLAGS[*]}"; } | sha256sum | cut -c1-16)
 LIB_DIR="$CACHE/lib-$KEY"
 
