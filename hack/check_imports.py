@@ -25,6 +25,7 @@ Usage: .venv/bin/python hack/check_imports.py   (exit status of lint-imports)
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -149,6 +150,17 @@ def internal(package: str) -> str:
     )
 
 
+def source_path() -> str:
+    """PYTHONPATH with this tree's packages first. The environment's editable installs point at
+    the checkout that made it: run from another worktree with that environment, import-linter
+    would otherwise read the other checkout's code and pass whatever this one holds."""
+    dirs = [
+        str(d) for kind in ("libs", "services", "tools") for d in sorted(ROOT.glob(f"{kind}/*/src"))
+    ]
+    rest = os.environ.get("PYTHONPATH", "")
+    return os.pathsep.join(dirs + ([rest] if rest else []))
+
+
 def main() -> int:
     config = contracts()
     print(config)
@@ -156,7 +168,8 @@ def main() -> int:
         f.write(config)
         f.flush()
         lint = Path(sys.executable).parent / "lint-imports"
-        return subprocess.call([str(lint), "--config", f.name, "--no-cache", "--no-logo"])
+        env = {**os.environ, "PYTHONPATH": source_path()}
+        return subprocess.call([str(lint), "--config", f.name, "--no-cache", "--no-logo"], env=env)
 
 
 if __name__ == "__main__":
