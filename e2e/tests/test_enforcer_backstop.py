@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.sandbox.procs import free_port
 from gpuslice_nvml.fake import FakeNvml, FakeNvmlControl
@@ -158,6 +159,19 @@ def test_exclusive_compute_mode_while_mps_shares_exist_and_restored_after(
     wait_for(lambda: _daemon_gone(pipe, daemon), 10, "no control daemon left")
 
 
+def _watchdog_samples(port: int) -> float:
+    """How many samples the enforcer's watchdog has taken (its metrics)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as page:
+        text = page.read().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "gpuslice_enforcer_watchdog_sample"
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    )
+
+
 @pytest.mark.timeout(60)
 def test_with_the_mode_left_alone_mps_is_soft_and_a_bypassing_process_is_killed(
     node: Path,
@@ -193,6 +207,11 @@ def test_with_the_mode_left_alone_mps_is_soft_and_a_bypassing_process_is_killed(
         _container(reply, client, "ctr-client")
         bypass = Workload(node, sm=80)  # no pipe directory; joins the container once ready
         workloads.append(bypass)
+        # The watchdog sees it outside any share first: a cached "no share" must not outlive
+        # the move into the container (it did, and the bypass then ran unharmed).
+        seen = _watchdog_samples(port)
+        while _watchdog_samples(port) < seen + 2:
+            time.sleep(0.05)
         for directory in container:
             (directory / "cgroup.procs").write_text(str(bypass.pid))
         ready = time.monotonic()

@@ -356,7 +356,11 @@ class Watchdog:
         """(share, start time, freeze target) of a process, cached per process and shares
         generation. A process the watchdog holds a pidfd for is the same process until the
         pidfd says it exited (``LiveProcesses``), so a known process costs no system call;
-        without pidfds, one read of /proc/<pid>/stat per sample tells a reused pid apart."""
+        without pidfds, one read of /proc/<pid>/stat per sample tells a reused pid apart.
+        A process in no share is looked at again every sample (one read of its cgroups): it
+        may be moved into a share's cgroup later, as a process that bypasses the share's MPS
+        server after starting outside the container would be, and a cached "no share" would
+        never see it (a test caught the watchdog missing such a process for good)."""
         cached = self._owners.get(pid)
         if cached is None or not self._live.tracking(pid):
             tracked = self._live.track(pid)  # before reading: the pidfd pins what is read
@@ -370,7 +374,7 @@ class Watchdog:
                 self._live.forget(pid)
         else:
             start = cached[0]
-        if cached is None or cached[1] != generation:
+        if cached is None or cached[1] != generation or cached[2] is None:
             groups = self.cgroups.of_pid(pid)
             owner = match_share(groups, list(shares.values())) if groups is not None else None
             target = self.cgroups.freeze_target(groups) if groups is not None and owner else None
