@@ -47,14 +47,18 @@ SPEC_MODES: tuple[str, ...] = ("gpuslice", "toolkit", "both")
 
 
 def _device(
-    specs: cdi.ClaimSpecs, uuid: str, label: str, nodes: list[cdi.DeviceNode], driver: DriverRoot
+    specs: cdi.ClaimSpecs,
+    uuid: str,
+    label: str,
+    nodes: list[cdi.DeviceNode],
+    driver_files: list[cdi.Mount],
 ) -> cdi.Device:
     name = specs.device_name(SPEC_KEY, uuid)
     key = "".join(c if c.isalnum() else "_" for c in name).upper()
     edits = cdi.ContainerEdits(
         env=[f"GPUSLICE_{key}_UUID={uuid}", f"GPUSLICE_{key}_DEVICE={label}"],
         device_nodes=nodes,
-        mounts=driver.user_space(),
+        mounts=driver_files,
     )
     return cdi.Device(name=name, container_edits=edits)
 
@@ -70,15 +74,16 @@ def write_spec(
             specs.delete(key)
         return None
     driver = DriverRoot(dev_root)
+    driver_files = driver.user_space()  # the same for every device: looked up once
     devices: list[cdi.Device] = []
     for gpu in nvml.gpus():
         nodes = driver.gpu_nodes(gpu.minor)
-        devices.append(_device(specs, gpu.uuid, f"gpu-{gpu.index}", nodes, driver))
+        devices.append(_device(specs, gpu.uuid, f"gpu-{gpu.index}", nodes, driver_files))
         if gpu.mig_enabled:
             for mig in sorted(nvml.mig_devices(gpu.index), key=lambda m: m.uuid):
                 label = f"gpu-{gpu.index}-mig-{mig.profile}-{mig.placement.start}"
                 caps = driver.mig_nodes(gpu.minor, mig.gpu_instance_id, mig.compute_instance_id)
-                devices.append(_device(specs, mig.uuid, label, nodes + caps, driver))
+                devices.append(_device(specs, mig.uuid, label, nodes + caps, driver_files))
     if not devices:
         return {}
     ids = specs.write(SPEC_KEY, devices)

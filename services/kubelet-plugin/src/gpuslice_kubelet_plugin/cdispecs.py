@@ -34,7 +34,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from gpuslice_core.cdi import ClaimSpecs, ContainerEdits, Device, merge_edits
+from gpuslice_core.cdi import ClaimSpecs, ContainerEdits, Device, Mount, merge_edits
 from gpuslice_core.driverroot import VISIBLE_DEVICES_VOID, DriverRoot
 from gpuslice_kubelet_plugin.checkpoint import ClaimRecord, DeviceRecord
 
@@ -130,6 +130,7 @@ class CdiWriter:
         minor: int | None,
         shared: bool,
         migs: MigIds,
+        driver_files: list[Mount],
     ) -> Device:
         nodes = self.driver.gpu_nodes(minor)
         if device.kind == "mig" and minor is not None:
@@ -141,7 +142,7 @@ class CdiWriter:
         edits = ContainerEdits(
             env=self._env(record, device, shared),
             device_nodes=nodes,
-            mounts=self.driver.user_space(),
+            mounts=driver_files,
         )
         if shared and record.enforcer_edits:
             edits = merge_edits([edits, ContainerEdits.model_validate(record.enforcer_edits)])
@@ -153,8 +154,9 @@ class CdiWriter:
         """The spec's devices, each with all of its edits (``minors``: GPU UUID → minor;
         ``migs``: the instances of the node's static MIG devices)."""
         shared = shared_devices(record)
+        driver_files = self.driver.user_space()  # the same for every device: looked up once
         return [
-            self._device(record, d, minors.get(d.gpu_uuid), d in shared, migs or {})
+            self._device(record, d, minors.get(d.gpu_uuid), d in shared, migs or {}, driver_files)
             for d in record.devices
         ]
 
