@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from gpuslice_api.names import DRIVER
+from gpuslice_api.names import DRIVER, NODE_LABEL, node_label_value
 from gpuslice_core import logging as gslog
 from gpuslice_draplugin import HelperMetrics, ResourceApi, detect
 from gpuslice_draplugin.slices import SlicePublisher
@@ -78,7 +78,9 @@ def make_claims(kube: RawApi, namespace: str, node: str, count: int) -> list[Cla
         claim = kube.create(
             path,
             {
-                "metadata": {"name": f"c{i}"},
+                # the node label the controller writes on allocated claims: the plugin's cache
+                # watches only the claims that carry its node's
+                "metadata": {"name": f"c{i}", "labels": {NODE_LABEL: node_label_value(node)}},
                 "spec": {
                     "devices": {
                         "requests": [
@@ -377,10 +379,14 @@ def main() -> None:
         per_plugin = sum(width * repeat for width, repeat in rounds.items())
         sizes = [10, 100, 1000]
         curve = 50
-        claims = make_claims(kube, ns, node, 2 * per_plugin + len(sizes) * curve)
+        claims = make_claims(kube, ns, node, 3 * per_plugin + len(sizes) * curve)
         enforcer = StandinEnforcer().serve(root / "enforcer.sock")
         for title, extra in (
             ("no enforcer (accounting only)", ()),
+            (
+                "no enforcer, every claim read from the API (--no-claim-cache)",
+                ("--no-claim-cache",),
+            ),
             (
                 "with an enforcer (stand-in, real gRPC)",
                 ("--enforcer-socket", str(root / "enforcer.sock")),

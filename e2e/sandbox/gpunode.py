@@ -24,6 +24,8 @@ import yaml
 from e2e.sandbox.controlplane import ControlPlane
 from e2e.sandbox.nodeagent import NodeAgent
 from e2e.sandbox.nodeagent.testing import unique, wait_for, wait_pod_phase
+from gpuslice_api import names
+from gpuslice_api.names import NODE_LABEL, node_label_value
 from gpuslice_kube.errors import KubeAlreadyExistsError, KubeForbiddenError, KubeNotFoundError
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 from gpuslice_kubelet_plugin.cdispecs import device_env
@@ -36,7 +38,7 @@ from gpuslice_testkit.nvml_mock import NvmlBackend
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = REPO_ROOT / "e2e" / "manifests" / "deviceclasses.yaml"
 RESOURCE = "resource.k8s.io/v1"
-DRIVER = "gpu.gpuslice.dev"
+DRIVER = names.DRIVER  # what the tests import with the sandbox's other names
 GIB = 1024**3
 
 # 8 H100s; GPU 7 is partitioned with MIG (3g.40gb at 4, 2g.20gb at 2, 1g.10gb at 1)
@@ -187,17 +189,21 @@ def create_claim(
     reserved_for: Sequence[tuple[str, str]] = (),
 ) -> Obj:
     """A ResourceClaim; with ``results`` its allocation is written into the status, as the
-    scheduler would (for tests that drive the DRA socket directly). The claim requests what the
+    scheduler would, and it carries the node label, as the controller would (for tests that
+    drive the DRA socket directly). The claim requests what the
     results name (``gpu`` without results), since the API server checks that each result
     belongs to a request of the claim. ``reserved_for``: (pod name, pod UID) of pods that exist
     (the resource-claim controller drops reservations of pods it cannot find)."""
     requests = list(dict.fromkeys(r["request"].split("/")[0] for r in results or [])) or ["gpu"]
+    pools = sorted(r["pool"] for r in results or [] if r.get("driver") == DRIVER)
+    # the node label the controller writes on an allocated claim (gpuslice_controller.claimnodes)
+    labels = {NODE_LABEL: node_label_value(pools[0])} if pools else {}
     claim = kube.create(
         resource_path(RESOURCE, "resourceclaims", namespace=namespace),
         {
             "apiVersion": RESOURCE,
             "kind": "ResourceClaim",
-            "metadata": {"name": name},
+            "metadata": {"name": name, "labels": labels},
             "spec": {
                 "devices": {
                     "requests": [

@@ -436,6 +436,9 @@ CONTROLLER_VIEW_RULES = {
     ("", "events", "create", ""),
     ("", "events", "patch", ""),
 }
+CONTROLLER_LABEL_RULES = {
+    ("resource.k8s.io", "resourceclaims", v, "") for v in ("list", "watch", "patch")
+}
 CONTROLLER_WEBHOOK_RULES = {
     (
         "admissionregistration.k8s.io",
@@ -454,14 +457,29 @@ def test_controller_rbac_is_exactly_its_calls(helm_bin: Path) -> None:
     name = "gpuslice-controller"
     role = one(render(helm_bin), "ClusterRole", name)
     assert rule_set(role) == CONTROLLER_CLUSTER_RULES | CONTROLLER_VIEW_RULES | (
-        CONTROLLER_WEBHOOK_RULES
+        CONTROLLER_WEBHOOK_RULES | CONTROLLER_LABEL_RULES
     )
     no_view = render(helm_bin, *sets("controller.clusterView.enabled=false"))
     assert rule_set(one(no_view, "ClusterRole", name)) == CONTROLLER_CLUSTER_RULES | (
-        CONTROLLER_WEBHOOK_RULES
+        CONTROLLER_WEBHOOK_RULES | CONTROLLER_LABEL_RULES
     )
     [container] = one(no_view, "Deployment", name)["spec"]["template"]["spec"]["containers"]
     assert env_of(container)["CLUSTER_VIEW"] == "false"
+    # the claims' node labels (what each node's claim cache watches) go with their flag, and
+    # the kubelet plugin's cache with them
+    plain = render(
+        helm_bin,
+        *sets("controller.clusterView.enabled=false", "controller.claimNodeLabels=false"),
+    )
+    assert rule_set(one(plain, "ClusterRole", name)) == CONTROLLER_CLUSTER_RULES | (
+        CONTROLLER_WEBHOOK_RULES
+    )
+    [container] = one(plain, "Deployment", name)["spec"]["template"]["spec"]["containers"]
+    assert env_of(container)["CLAIM_NODE_LABELS"] == "false"
+    assert env_of(containers(plain)["kubelet-plugin"])["CLAIM_CACHE"] == "false"
+    assert env_of(containers(render(helm_bin))["kubelet-plugin"])["CLAIM_CACHE"] == "true"
+    no_controller = render(helm_bin, *sets("controller.enabled=false"))
+    assert env_of(containers(no_controller)["kubelet-plugin"])["CLAIM_CACHE"] == "false"
     # Who may read the view: a ClusterRole to bind, for the virtual resource the controller's
     # SubjectAccessReview asks about.
     view = one(render(helm_bin), "ClusterRole", "gpuslice-view")
@@ -484,7 +502,7 @@ def test_controller_rbac_is_exactly_its_calls(helm_bin: Path) -> None:
     # with cert-manager it only watches them: readiness waits for the injected bundle
     watch_only = {r for r in CONTROLLER_WEBHOOK_RULES if r[2] in ("list", "watch")}
     assert rule_set(one(cert_manager, "ClusterRole", name)) == (
-        CONTROLLER_CLUSTER_RULES | CONTROLLER_VIEW_RULES | watch_only
+        CONTROLLER_CLUSTER_RULES | CONTROLLER_VIEW_RULES | watch_only | CONTROLLER_LABEL_RULES
     )
     # it keeps (and waits for) only the configurations the chart creates
     env = env_of(one(cert_manager, "Deployment", name)["spec"]["template"]["spec"]["containers"][0])

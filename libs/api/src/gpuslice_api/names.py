@@ -8,6 +8,8 @@ defaults to it. Names only one module uses stay in that module.
 
 from __future__ import annotations
 
+import hashlib
+
 from gpuslice_core import cdi
 
 #: The DRA driver: ResourceSlices' ``spec.driver``, the device attribute domain, the claim
@@ -36,6 +38,21 @@ MIG_STATE_LABEL = "gpuslice.dev/mig.config.state"
 TRANSLATED_ANNOTATION = f"{DRIVER}/translated-from"
 TRANSLATE_LABEL = f"{DRIVER}/translate"
 DIALECT_LABEL = f"{DRIVER}/dialect"
+
+#: Label on an allocated ResourceClaim naming the node (the pool) it is allocated to, written by
+#: the controller (``gpuslice_controller.claimnodes``): each kubelet plugin watches only the
+#: claims labelled with its node (``node_label_value``), so a node's share of the API server's
+#: watch traffic grows with its own claims, not with the cluster's.
+NODE_LABEL = f"{DRIVER}/node"
+
+
+def node_label_value(node: str) -> str:
+    """``node`` as a label value: itself when it fits (63 characters; a node name is a DNS
+    subdomain, whose characters a label value allows), else a digest of it."""
+    if len(node) <= 63:
+        return node
+    return "h-" + hashlib.sha256(node.encode()).hexdigest()[:60]
+
 
 #: The API group of the virtual resource ``gpus`` that callers of the cluster view's endpoints
 #: must be allowed to ``get`` (a SubjectAccessReview; the chart's ClusterRole gpuslice-view

@@ -7,8 +7,9 @@ server, the certificate rotator and the leader election. ``start``/``stop`` only
 them; ``run(settings)`` is the process.
 
 Start: API client → resource.k8s.io version → caches (our ResourceSlices, the claim templates
-this controller made, the TLS Secret) → the cluster view (``ViewFeeder``, on every replica) →
-HTTPS server → leader election (the leader manages the certificates) → metrics. The server
+this controller made, the TLS Secret, the claims' node labels) → the cluster view
+(``ViewFeeder``, on every replica) → HTTPS server → leader election (the leader writes the
+claims' node labels, ``claimnodes``, and manages the certificates) → metrics. The server
 answers /readyz only once a certificate is loaded, the admission caches have synced and both
 webhook configurations carry a CA bundle that trusts the served certificate
 (``tls.bundleready``), so no review is answered from an empty cache and none fails with an
@@ -32,6 +33,7 @@ from gpuslice_controller.admission.inventory import GpuInventory
 from gpuslice_controller.admission.mutate import PodTranslator
 from gpuslice_controller.admission.translate import ClusterFacts
 from gpuslice_controller.admission.validate import ClaimValidator, Classes
+from gpuslice_controller.claimnodes import ClaimNodeLabels
 from gpuslice_controller.cli import Settings
 from gpuslice_controller.leader import Leadership
 from gpuslice_controller.server import WebhookServer
@@ -95,6 +97,9 @@ class ControllerApp:
             facts=lambda: ClusterFacts(self.inventory.gpu_memory_sizes()),
             driver=DRIVER,
             device_class=s.gpu_device_classes[0],
+        )
+        self.claim_nodes = (
+            ClaimNodeLabels(raw, version=self.version) if s.claim_node_labels else None
         )
         self.feeder = ViewFeeder(raw, driver=DRIVER) if s.cluster_view else None
         view_api = None
@@ -169,11 +174,20 @@ class ControllerApp:
         self._http: WSGIServer | None = None
 
     def _lead(self, stop_leading: threading.Event) -> None:
-        """The leader's work: the certificates (or nothing, when cert-manager has them)."""
+        """The leader's work: the claims' node labels and the certificates (unless
+        cert-manager has them), until ``stop_leading``."""
+        labels: threading.Thread | None = None
+        if self.claim_nodes is not None:
+            labels = threading.Thread(
+                target=self.claim_nodes.run, args=(stop_leading,), name="claim-nodes", daemon=True
+            )
+            labels.start()
         if self.rotator is not None:
             self.rotator.run(stop_leading, self.settings.cert_check_interval)
         else:
             stop_leading.wait()
+        if labels is not None:
+            labels.join(5.0)
 
     def _leading(self) -> bool:
         if self.leadership is None:  # no election: this replica always leads
@@ -193,10 +207,13 @@ class ControllerApp:
             manage_certificates=s.manage_certificates,
             leader_elect=s.leader_elect,
             cluster_view=self.feeder is not None,
+            claim_node_labels=self.claim_nodes is not None,
             live_usage_interval=s.live_usage_interval if self.poller is not None else 0,
         )
         for part in (self.inventory, self.translator, self.secret_watch.reflector, self.bundles):
             part.start()
+        if self.claim_nodes is not None:
+            self.claim_nodes.start()
         if self.feeder is not None and self.diagnostics is not None:
             self.feeder.listen(self.diagnostics.on_change)
             self.feeder.start()
@@ -220,6 +237,8 @@ class ControllerApp:
         self.server.stop()
         if self.feeder is not None:
             self.feeder.stop()
+        if self.claim_nodes is not None:
+            self.claim_nodes.stop()
         for part in (self.bundles, self.secret_watch.reflector, self.translator, self.inventory):
             part.stop()
         if self._http is not None:

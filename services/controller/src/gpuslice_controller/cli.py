@@ -60,6 +60,7 @@ class Settings:
     leader_elect: bool
     lease_name: str
     cluster_view: bool
+    claim_node_labels: bool
     view_auth_ttl: float
     live_usage_interval: float
     live_usage_timeout: float
@@ -99,6 +100,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         leader_elect=args.leader_elect,
         lease_name=args.lease_name,
         cluster_view=args.cluster_view,
+        claim_node_labels=args.claim_node_labels,
         view_auth_ttl=args.view_auth_ttl,
         live_usage_interval=args.live_usage_interval,
         live_usage_timeout=args.live_usage_timeout,
@@ -247,6 +249,16 @@ def build_parser() -> EnvArgumentParser:
             "Hold the cluster view of every GPU (watches of ResourceSlices, ResourceClaims,"
             " pods, DeviceClasses and DeviceTaintRules) and serve it: the per-GPU and per-claim"
             " metrics, the /view/ endpoints and, on the leader, Events on unschedulable pods."
+        ),
+    )
+    p.add_bool_flag(
+        "--claim-node-labels",
+        env="CLAIM_NODE_LABELS",
+        default=True,
+        help=(
+            "On the leader, label every allocated ResourceClaim of this driver with its node"
+            " (gpu.gpuslice.dev/node), so that each node's kubelet plugin watches its own"
+            " claims only; needs patch on resourceclaims."
         ),
     )
     p.add_flag(

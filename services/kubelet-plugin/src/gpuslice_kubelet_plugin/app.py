@@ -21,7 +21,7 @@ import sys
 import threading
 from wsgiref.simple_server import WSGIServer
 
-from gpuslice_api.names import DRIVER
+from gpuslice_api.names import DRIVER, NODE_LABEL, node_label_value
 from gpuslice_api.nodemode import EXIT_REFUSED
 from gpuslice_core import logging as gslog
 from gpuslice_core.cdi import ClaimSpecs
@@ -103,7 +103,12 @@ class KubeletPluginApp:
                 check_interval=s.health_check_interval,
                 recovery=s.health_recovery,
             )
-            claims = ClaimCache(api, driver=DRIVER, pool=s.node_name)
+            claims = ClaimCache(
+                api,
+                driver=DRIVER,
+                pool=s.node_name,
+                label_selector=f"{NODE_LABEL}={node_label_value(s.node_name)}",
+            )
             self.state = DeviceState(
                 driver=DRIVER,
                 pool=s.node_name,
