@@ -398,3 +398,22 @@ def test_the_steps_run_in_order_from_the_module(tmp_path: Path, run_dir: Path) -
         f"node-setup: fake NVML config for node n1 written to {tmp_path / 'out' / 'node.yaml'}",
     ]
     assert (tmp_path / "out" / "node.yaml").read_text() == 'gpus: []\nname: "n1"\n'
+
+
+def test_it_needs_the_standard_library_only() -> None:
+    """None of gpuslice-core's dependencies is imported: node-setup runs in any image that holds
+    the package, whatever else that image lacks."""
+    probe = (
+        "import sys, gpuslice_core.nodesetup.cli\n"
+        "tops = {m.split('.')[0] for m in sys.modules}\n"
+        "print(sorted(tops - set(sys.stdlib_module_names) - {'gpuslice_core', '__main__'}))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-S", "-c", probe],
+        env={"PYTHONPATH": os.pathsep.join(sys.path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert out.stdout.strip() == "[]"
