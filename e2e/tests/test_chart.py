@@ -3,8 +3,8 @@
 Without a cluster: `helm lint` (also --strict), `helm template` for every supported Kubernetes
 minor and both NVML backends, the schema refusing typos, every container's environment checked
 against the service's own CLI (each flag set through its variable, each value accepted), the
-DeviceClasses and MIG layouts equal to e2e/manifests/, and the node-setup script (fake NVML
-config, the static CDI hook, the enforcer's socket link) run for real.
+DeviceClasses and MIG layouts equal to e2e/manifests/, and node-setup (gpuslice-node-setup: fake
+NVML config, the static CDI hook, the enforcer's socket link) run for real.
 
 Against the sandbox's real API server: every rendered object applied with a server-side dry run
 (strict field validation), the DeviceClasses created for real in every resource.k8s.io version
@@ -34,6 +34,7 @@ import yaml
 from e2e.sandbox.binaries import REPO_ROOT
 from e2e.sandbox.controlplane import ControlPlane
 from e2e.sandbox.nodeagent.testing import unique, wait_for
+from gpuslice_core import nodesetup
 from gpuslice_core.cli import EnvArgumentParser
 from gpuslice_device_plugin.cli import build_parser as device_plugin_parser
 from gpuslice_enforcer.cli import build_parser as enforcer_parser
@@ -51,7 +52,9 @@ Obj = dict[str, Any]
 
 CHART = REPO_ROOT / "charts" / "gpuslice"
 MANIFESTS = REPO_ROOT / "e2e" / "manifests"
-NODE_SETUP = CHART / "files" / "node-setup.py"
+#: gpuslice-node-setup as the chart runs it, from the sources this test imports.
+NODE_SETUP = [sys.executable, "-m", nodesetup.__name__]
+NODE_SETUP_PATH = str(Path(nodesetup.__file__).parents[2])
 DRIVER = "gpu.gpuslice.dev"
 RESOURCE = "resource.k8s.io/v1"
 KUBE_MINORS = ("1.34", "1.35", "1.36", "1.37")
@@ -798,13 +801,11 @@ def test_mig_layouts_equal_the_e2e_manifest(helm_bin: Path) -> None:
     assert one(objs, "ConfigMap", "gpuslice-mig-parted-config")["data"]["config.yaml"] == custom
 
 
-# ---- the node-setup script, run for real ------------------------------------------------------
-def run_setup(
-    env: dict[str, str], *args: str, python: str = sys.executable
-) -> subprocess.CompletedProcess[str]:
+# ---- node-setup, run for real -----------------------------------------------------------------
+def run_setup(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [python, str(NODE_SETUP), *args],
-        env={"PATH": os.environ.get("PATH", ""), **env},
+        [*NODE_SETUP, *args],
+        env={"PATH": os.environ.get("PATH", ""), "PYTHONPATH": NODE_SETUP_PATH, **env},
         capture_output=True,
         text=True,
         timeout=120,
@@ -958,13 +959,12 @@ def test_node_setup_says_so_where_the_hook_cannot_be_executed(
     container with a share; node-setup stops instead, naming the cause."""
     install = tmp_path / "noexec"
     install.mkdir()
-    script = (
-        f"mount -t tmpfs -o noexec,size=16m tmpfs {install} && exec {sys.executable} {NODE_SETUP}"
-    )
+    script = f"mount -t tmpfs -o noexec,size=16m tmpfs {install} && exec {' '.join(NODE_SETUP)}"
     out = subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
         env={
             "PATH": os.environ.get("PATH", ""),
+            "PYTHONPATH": NODE_SETUP_PATH,
             "HOOK_BINARY": str(static_hook),
             "HOOK_INSTALL_DIR": str(install),
             "HOOK_HOST_DIR": "/var/lib/gpuslice/hook",

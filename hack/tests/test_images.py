@@ -267,6 +267,9 @@ def test_the_service_image_runs_its_console_script(
     image = manifest["images"][dockerfile.parent.name]
     out = _run_in(buildah, image, entrypoint.group(1), "--help")
     assert out.startswith(f"usage: {entrypoint.group(1)}")
+    # the chart's node-setup runs from whichever service image it picks (gpuslice-core's script)
+    setup = _run_in(buildah, image, "gpuslice-node-setup", "--help")
+    assert setup.startswith("usage: gpuslice-node-setup")
 
 
 def test_the_enforcer_image_holds_the_static_hook_the_tests_run(

@@ -196,12 +196,13 @@ readinessProbe:
   failureThreshold: {{ .values.failureThreshold }}
 {{- end }}
 
-{{/* What a change of rolls the node pods: the fake node and the setup script (layouts are
-watched live by the MIG manager and need no restart). */}}
+{{/* What a change of rolls the node pods: the fake node (layouts are watched live by the MIG
+manager and need no restart; node-setup is gpuslice-node-setup of the images, so a new one comes
+with new images, which roll the pods anyway). */}}
 {{- define "gpuslice.podConfigChecksum" -}}
 {{- $fake := "" }}
 {{- if eq .Values.nvml.backend "fake" }}{{ $fake = include "gpuslice.fakeConfig" . }}{{ end }}
-{{- printf "%s\n---\n%s" $fake (.Files.Get "files/node-setup.py") | sha256sum }}
+{{- $fake | sha256sum }}
 {{- end }}
 
 {{/* A controller webhook's clientConfig: the Service, or webhook.url in development;

@@ -1,8 +1,11 @@
-"""Prometheus metrics: naming helpers and the HTTP server every service exposes.
+"""Prometheus metrics: the names, naming helpers and the HTTP server every service exposes.
 
-Names follow ``gpuslice_<component>_<op>_total{result}`` and
-``gpuslice_<component>_<op>_duration_seconds{result}``; ``OperationMetrics`` creates both for one
-operation and times a block, labelling it ``success`` or the error's type name.
+Every gpuslice metric is ``gpuslice_<subsystem>_<name>`` (:func:`metric_name`): the namespace
+``gpuslice``, then the :class:`Subsystem` of the component that exports it, defined here once
+for every service (gpuslice_core is the one library all of them use). Operations follow
+``gpuslice_<subsystem>_<op>_total{result}`` and ``gpuslice_<subsystem>_<op>_duration_seconds
+{result}``; ``OperationMetrics`` creates both for one operation and times a block, labelling it
+``success`` or the error's type name.
 """
 
 from __future__ import annotations
@@ -10,9 +13,47 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from enum import StrEnum
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
+
+#: The first part of every gpuslice metric name.
+NAMESPACE = "gpuslice"
+
+
+class Subsystem(StrEnum):
+    """The second part: who exports the series (a service), or, for the series a component
+    exports about something else, what they describe."""
+
+    CONTROLLER = "controller"
+    DEVICE_PLUGIN = "device_plugin"
+    ENFORCER = "enforcer"
+    KUBELET_PLUGIN = "kubelet_plugin"
+    MIG_MANAGER = "mig_manager"
+    #: The controller's cluster view: its own state (``gpuslice_view_*``), and the GPUs and
+    #: claims it tells about (``gpuslice_gpu_*``, ``gpuslice_claim_*``).
+    VIEW = "view"
+    GPU = "gpu"
+    CLAIM = "claim"
+    #: The device plugin's per-container series (``gpuslice_container_gpu_*``).
+    CONTAINER = "container"
+
+
+#: The subsystems each service's metrics use, by the service's directory under services/.
+SERVICE_SUBSYSTEMS: dict[str, tuple[Subsystem, ...]] = {
+    "controller": (Subsystem.CONTROLLER, Subsystem.VIEW, Subsystem.GPU, Subsystem.CLAIM),
+    "device-plugin": (Subsystem.DEVICE_PLUGIN, Subsystem.CONTAINER),
+    "enforcer": (Subsystem.ENFORCER,),
+    "kubelet-plugin": (Subsystem.KUBELET_PLUGIN,),
+    "mig-manager": (Subsystem.MIG_MANAGER,),
+}
+
+
+def metric_name(subsystem: str, name: str) -> str:
+    """``gpuslice_<subsystem>_<name>``: the one way a gpuslice metric is named."""
+    return f"{NAMESPACE}_{subsystem}_{name}"
+
 
 # Buckets that resolve node-side operations from sub-millisecond gRPC calls to slow MIG changes.
 DURATION_BUCKETS = (
@@ -44,7 +85,7 @@ class OperationMetrics:
         description: str,
         registry: CollectorRegistry = REGISTRY,
     ) -> None:
-        base = f"gpuslice_{component}_{op}"
+        base = metric_name(component, op)
         self.total = Counter(
             f"{base}_total", f"{description}, by result.", ["result"], registry=registry
         )

@@ -11,19 +11,20 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from gpuslice_core.metrics import OperationMetrics
+from gpuslice_core.metrics import OperationMetrics, metric_name
 
 
 class HelperMetrics:
     def __init__(self, component: str, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        prefix = f"gpuslice_{component}"
         self.rpc = OperationMetrics(component, "rpc", "DRA calls served", r)
         self.publish = OperationMetrics(component, "publish", "ResourceSlice publications", r)
         self.published_devices = Gauge(
-            f"{prefix}_published_devices", "Devices in the node's pool.", registry=r
+            metric_name(component, "published_devices"), "Devices in the node's pool.", registry=r
         )
         self.published_slices = Gauge(
-            f"{prefix}_published_slices", "ResourceSlices of the node's pool.", registry=r
+            metric_name(component, "published_slices"),
+            "ResourceSlices of the node's pool.",
+            registry=r,
         )

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuslice_core.logging import get_logger
+from gpuslice_core.metrics import Subsystem, metric_name
 from gpuslice_kube.errors import KubeError
 from gpuslice_kube.raw import RawApi, resource_path
 
@@ -41,7 +42,7 @@ PORT_NAME = "enforcer"
 NODE_SELECTOR = "app.kubernetes.io/part-of=gpuslice,app.kubernetes.io/component=node"
 """The node pods of any gpuslice release; the chart passes its own release's selector."""
 
-_PREFIX = "gpuslice_enforcer_share_"
+_PREFIX = metric_name(Subsystem.ENFORCER, "share_")
 _FIELDS = {
     "memory_used_bytes": "memory_used",
     "memory_limit_bytes": "memory_limit",

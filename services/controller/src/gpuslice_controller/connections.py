@@ -40,15 +40,19 @@ from prometheus_client import Counter as PromCounter
 from prometheus_client import Gauge
 
 from gpuslice_core.logging import get_logger
+from gpuslice_core.metrics import Subsystem, metric_name
 
 log = get_logger(__name__)
 
 #: Refusals and cuts are logged at most this often, with their counts since.
 LOG_EVERY_S = 10.0
 
-OPEN = Gauge("gpuslice_controller_webhook_connections", "Open connections of the HTTPS server.")
+OPEN = Gauge(
+    metric_name(Subsystem.CONTROLLER, "webhook_connections"),
+    "Open connections of the HTTPS server.",
+)
 CLOSED = PromCounter(
-    "gpuslice_controller_webhook_connections_closed_total",
+    metric_name(Subsystem.CONTROLLER, "webhook_connections_closed_total"),
     "Connections the HTTPS server closed on its own, by reason (refused: at the connection cap "
     "with every place busy; evicted: the longest-idle one, for a new connection; "
     "handshake, idle, request, response, closing: past that phase's deadline).",

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gpuslice_core.metrics import OperationMetrics
+from gpuslice_core.metrics import OperationMetrics, Subsystem, metric_name
 
-COMPONENT = "device_plugin"
+COMPONENT = Subsystem.DEVICE_PLUGIN
 
 
 class Metrics:
@@ -27,25 +27,25 @@ class Metrics:
             COMPONENT, "preferred_allocation", "GetPreferredAllocation calls", self.registry
         )
         self.register = Counter(
-            "gpuslice_device_plugin_register_total",
+            metric_name(COMPONENT, "register_total"),
             "Register calls to the kubelet, by result.",
             ["result"],
             registry=self.registry,
         )
         self.devices = Gauge(
-            "gpuslice_device_plugin_devices",
+            metric_name(COMPONENT, "devices"),
             "Devices advertised to the kubelet, by resource and health.",
             ["resource", "health"],
             registry=self.registry,
         )
         self.health_events = Counter(
-            "gpuslice_device_plugin_health_events_total",
+            metric_name(COMPONENT, "health_events_total"),
             "NVML health events seen, by kind.",
             ["kind"],
             registry=self.registry,
         )
         self.container_errors = Counter(
-            "gpuslice_device_plugin_container_metrics_errors_total",
+            metric_name(COMPONENT, "container_metrics_errors_total"),
             "Scrapes of the per-container metrics in which a source failed, by source.",
             ["source"],
             registry=self.registry,

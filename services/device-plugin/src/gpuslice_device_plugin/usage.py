@@ -33,6 +33,7 @@ from prometheus_client.registry import Collector
 from gpuslice_core.cgroupnames import names_pod
 from gpuslice_core.errors import GpusliceError
 from gpuslice_core.logging import get_logger
+from gpuslice_core.metrics import Subsystem, metric_name
 from gpuslice_device_plugin.devices import Device, Resource
 from gpuslice_device_plugin.mps import ReplicaShare
 from gpuslice_device_plugin.podresources import Holder
@@ -311,33 +312,33 @@ class ContainerCollector(Collector):
 
         return [
             gauge(
-                "gpuslice_container_gpu_memory_used_bytes",
+                metric_name(Subsystem.CONTAINER, "gpu_memory_used_bytes"),
                 "Device memory used by the container's processes on the GPU or MIG device.",
             ),
             gauge(
-                "gpuslice_container_gpu_memory_limit_bytes",
+                metric_name(Subsystem.CONTAINER, "gpu_memory_limit_bytes"),
                 "Device memory the container may use there (the device's, or its MPS share's).",
             ),
             gauge(
-                "gpuslice_container_gpu_sm_percent",
+                metric_name(Subsystem.CONTAINER, "gpu_sm_percent"),
                 "SM utilization of the container's processes, percent of the GPU (not in MIG"
                 " mode).",
             ),
             gauge(
-                "gpuslice_container_gpu_sm_limit_percent",
+                metric_name(Subsystem.CONTAINER, "gpu_sm_limit_percent"),
                 "SM percent the container may use (100, or its MPS share's cores).",
             ),
             gauge(
-                "gpuslice_container_gpu_limit_enforced",
+                metric_name(Subsystem.CONTAINER, "gpu_limit_enforced"),
                 "1 when the limits are enforced (an MPS share, a MIG device), 0 when they are"
                 " only the device's size (a whole GPU, a time-slicing replica).",
             ),
             gauge(
-                "gpuslice_container_gpu_processes",
+                metric_name(Subsystem.CONTAINER, "gpu_processes"),
                 "Processes of the container on the GPU or MIG device.",
             ),
             gauge(
-                "gpuslice_device_plugin_unattributed_processes",
+                metric_name(Subsystem.DEVICE_PLUGIN, "unattributed_processes"),
                 "Processes on a device held by containers that could not be attributed to one"
                 " of them (several holders and no cgroup match).",
                 ["node", "device_index", "device_uuid"],

@@ -17,10 +17,15 @@ import contextlib
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gpuslice_core.metrics import OperationMetrics
+from gpuslice_core.metrics import OperationMetrics, Subsystem, metric_name
 
-COMPONENT = "enforcer"
+COMPONENT = Subsystem.ENFORCER
 _SHARE = ["claim_uid", "device"]
+
+
+def _share(name: str) -> str:
+    """``gpuslice_enforcer_share_<name>``: a per-share series."""
+    return metric_name(COMPONENT, f"share_{name}")
 
 
 class EnforcerMetrics:
@@ -31,43 +36,44 @@ class EnforcerMetrics:
         self.release_share = OperationMetrics(COMPONENT, "release_share", "ReleaseShare calls", r)
         self.attach = OperationMetrics(COMPONENT, "attach_container", "AttachContainer calls", r)
         self.sample = OperationMetrics(COMPONENT, "watchdog_sample", "Watchdog samples", r)
-        p = "gpuslice_enforcer_share"
-        self.memory_used = Gauge(f"{p}_memory_used_bytes", "Memory used.", _SHARE, registry=r)
-        self.memory_limit = Gauge(f"{p}_memory_limit_bytes", "Memory limit.", _SHARE, registry=r)
-        self.sm_used = Gauge(f"{p}_sm_percent", "SM use over the last sample.", _SHARE, registry=r)
-        self.sm_limit = Gauge(f"{p}_sm_limit_percent", "SM limit (cores).", _SHARE, registry=r)
+        self.memory_used = Gauge(_share("memory_used_bytes"), "Memory used.", _SHARE, registry=r)
+        self.memory_limit = Gauge(_share("memory_limit_bytes"), "Memory limit.", _SHARE, registry=r)
+        self.sm_used = Gauge(
+            _share("sm_percent"), "SM use over the last sample.", _SHARE, registry=r
+        )
+        self.sm_limit = Gauge(_share("sm_limit_percent"), "SM limit (cores).", _SHARE, registry=r)
         self.throttled = Counter(
-            f"{p}_throttled_seconds", "Time the share's cgroups were frozen.", _SHARE, registry=r
+            _share("throttled_seconds"), "Time the share's cgroups were frozen.", _SHARE, registry=r
         )
         self.kills = Counter(
-            f"{p}_kills", "Processes killed over the memory limit.", _SHARE, registry=r
+            _share("kills"), "Processes killed over the memory limit.", _SHARE, registry=r
         )
         self.violations = Counter(
-            f"{p}_violations",
+            _share("violations"),
             "Limit breaches observed, by resource and action.",
             [*_SHARE, "resource", "action"],
             registry=r,
         )
         self.mechanism = Gauge(
-            f"{p}_mechanism",
+            _share("mechanism"),
             "1 for the mechanism enforcing each resource of the share.",
             ["claim_uid", "resource", "mechanism"],
             registry=r,
         )
         self.level = Gauge(
-            f"{p}_level",
+            _share("level"),
             "1 for the share's enforcement level: hard (every process held), soft or none.",
             ["claim_uid", "level"],
             registry=r,
         )
         self.sample_errors = Counter(
-            "gpuslice_enforcer_watchdog_errors",
+            metric_name(COMPONENT, "watchdog_errors"),
             "Samples that failed (nothing is killed or frozen on a failed sample).",
             ["device"],
             registry=r,
         )
         self.mps_restarts = Counter(
-            "gpuslice_enforcer_mps_daemon_restarts",
+            metric_name(COMPONENT, "mps_daemon_restarts"),
             "MPS control daemons restarted after they died.",
             ["device"],
             registry=r,

@@ -24,11 +24,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gpuslice_core.metrics import OperationMetrics
+from gpuslice_core.metrics import OperationMetrics, Subsystem, metric_name
 from gpuslice_draplugin import HelperMetrics
 
-COMPONENT = "kubelet_plugin"
-PREFIX = f"gpuslice_{COMPONENT}"
+COMPONENT = Subsystem.KUBELET_PLUGIN
 
 
 class PluginMetrics:
@@ -39,34 +38,46 @@ class PluginMetrics:
         self.unprepare = OperationMetrics(COMPONENT, "unprepare", "Claims unprepared", r)
         self.helper = HelperMetrics(COMPONENT, r)
         self.claim_errors = Counter(
-            f"{PREFIX}_claim_errors_total",
+            metric_name(COMPONENT, "claim_errors_total"),
             "Per-claim failures of prepare and unprepare, by reason.",
             ["op", "reason"],
             registry=r,
         )
         self.prepared_claims = Gauge(
-            f"{PREFIX}_prepared_claims", "Claims prepared on this node.", registry=r
+            metric_name(COMPONENT, "prepared_claims"), "Claims prepared on this node.", registry=r
         )
         self.prepared_devices = Gauge(
-            f"{PREFIX}_prepared_devices", "Prepared devices, by type.", ["type"], registry=r
+            metric_name(COMPONENT, "prepared_devices"),
+            "Prepared devices, by type.",
+            ["type"],
+            registry=r,
         )
         self.prepared_shares = Gauge(
-            f"{PREFIX}_prepared_shares",
+            metric_name(COMPONENT, "prepared_shares"),
             "Prepared claims, by what their limits rest on.",
             ["enforcement"],
             registry=r,
         )
         self.health_events = Counter(
-            f"{PREFIX}_health_events_total", "NVML health events, by kind.", ["kind"], registry=r
+            metric_name(COMPONENT, "health_events_total"),
+            "NVML health events, by kind.",
+            ["kind"],
+            registry=r,
         )
         self.tainted_devices = Gauge(
-            f"{PREFIX}_tainted_devices", "Devices with a taint, by effect.", ["effect"], registry=r
+            metric_name(COMPONENT, "tainted_devices"),
+            "Devices with a taint, by effect.",
+            ["effect"],
+            registry=r,
         )
         self.recovered = Counter(
-            f"{PREFIX}_recovered_total", "Recovery actions after a crash.", ["action"], registry=r
+            metric_name(COMPONENT, "recovered_total"),
+            "Recovery actions after a crash.",
+            ["action"],
+            registry=r,
         )
         self.gc_unprepared = Counter(
-            f"{PREFIX}_gc_unprepared_total",
+            metric_name(COMPONENT, "gc_unprepared_total"),
             "Claims unprepared because they no longer exist in the API.",
             registry=r,
         )

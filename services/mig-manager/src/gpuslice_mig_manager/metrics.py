@@ -19,9 +19,9 @@ from collections.abc import Iterable
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 from prometheus_client import Counter as PromCounter
 
-from gpuslice_core.metrics import DURATION_BUCKETS, OperationMetrics
+from gpuslice_core.metrics import DURATION_BUCKETS, OperationMetrics, Subsystem, metric_name
 
-COMPONENT = "mig_manager"
+COMPONENT = Subsystem.MIG_MANAGER
 
 
 class Metrics:
@@ -34,26 +34,26 @@ class Metrics:
             COMPONENT, "destroy_instance", "MIG instance destructions", self.registry
         )
         self.apply_total = PromCounter(
-            "gpuslice_mig_manager_apply_layout_total",
+            metric_name(COMPONENT, "apply_layout_total"),
             "MIG layout applications, by result (success, pending, rebooting, failed).",
             ["result"],
             registry=self.registry,
         )
         self.apply_duration = Histogram(
-            "gpuslice_mig_manager_apply_layout_duration_seconds",
+            metric_name(COMPONENT, "apply_layout_duration_seconds"),
             "Time spent applying a MIG layout, by result.",
             ["result"],
             buckets=DURATION_BUCKETS,
             registry=self.registry,
         )
         self.drift = PromCounter(
-            "gpuslice_mig_manager_drift_total",
+            metric_name(COMPONENT, "drift_total"),
             "Differences between the MIG manager's records and the GPUs, by kind.",
             ["kind"],
             registry=self.registry,
         )
         self.instances = Gauge(
-            "gpuslice_mig_manager_instances",
+            metric_name(COMPONENT, "instances"),
             "Live MIG GPU instances, by GPU index and profile.",
             ["gpu", "profile"],
             registry=self.registry,

@@ -23,18 +23,19 @@ from prometheus_client import Counter, Histogram
 
 from gpuslice_core import untrusted
 from gpuslice_core.logging import get_logger
+from gpuslice_core.metrics import Subsystem, metric_name
 
 log = get_logger(__name__)
 
 Request = dict[str, Any]
 
 REVIEWS = Counter(
-    "gpuslice_controller_admission_total",
+    metric_name(Subsystem.CONTROLLER, "admission_total"),
     "Admission reviews answered, by webhook and result (allowed, denied, patched, error).",
     ["webhook", "result"],
 )
 DURATION = Histogram(
-    "gpuslice_controller_admission_duration_seconds",
+    metric_name(Subsystem.CONTROLLER, "admission_duration_seconds"),
     "Time to answer one admission review, by webhook.",
     ["webhook"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),

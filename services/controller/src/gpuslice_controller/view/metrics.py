@@ -52,6 +52,7 @@ from typing import Protocol, TypeVar
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpuslice_core.metrics import Subsystem, metric_name
 from gpuslice_view.model import ClusterView
 from gpuslice_view.objects import CORDON_KEY
 
@@ -156,14 +157,16 @@ class ViewCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         events = CounterMetricFamily(
-            "gpuslice_view_events", "Changes the cluster view applied, by kind.", labels=["kind"]
+            metric_name(Subsystem.VIEW, "events"),
+            "Changes the cluster view applied, by kind.",
+            labels=["kind"],
         )
         for kind, n in sorted(dict(self.source.events).items()):
             events.add_metric([kind], n)
         yield events
         synced = self.source.synced.is_set()
         yield GaugeMetricFamily(
-            "gpuslice_view_synced",
+            metric_name(Subsystem.VIEW, "synced"),
             "1 once the cluster view has listed every kind it watches.",
             value=1 if synced else 0,
         )
@@ -193,34 +196,40 @@ def gauge(name: str, doc: str, labels: tuple[str, ...]) -> GaugeMetricFamily:
 def gpu_families(snap: Snapshot) -> Iterator[Metric]:
     """The per-GPU and per-node families: no claim, namespace or pod in any label."""
     cores = gauge(
-        "gpuslice_gpu_cores_allocated_percent",
+        metric_name(Subsystem.GPU, "cores_allocated_percent"),
         "Percent of a whole GPU's cores (SMs) allocated to claims.",
         GPU_LABELS,
     )
     memory = gauge(
-        "gpuslice_gpu_memory_allocated_bytes",
+        metric_name(Subsystem.GPU, "memory_allocated_bytes"),
         "Bytes of a device's memory allocated to claims.",
         GPU_LABELS,
     )
     total = gauge(
-        "gpuslice_gpu_memory_total_bytes", "Bytes of memory the device publishes.", GPU_LABELS
+        metric_name(Subsystem.GPU, "memory_total_bytes"),
+        "Bytes of memory the device publishes.",
+        GPU_LABELS,
     )
-    allocations = gauge("gpuslice_gpu_allocations", "Allocation results on the device.", GPU_LABELS)
+    allocations = gauge(
+        metric_name(Subsystem.GPU, "allocations"), "Allocation results on the device.", GPU_LABELS
+    )
     cordoned = gauge(
-        "gpuslice_gpu_cordoned", "1 while the device is cordoned (DeviceTaintRule).", GPU_LABELS
+        metric_name(Subsystem.GPU, "cordoned"),
+        "1 while the device is cordoned (DeviceTaintRule).",
+        GPU_LABELS,
     )
     tainted = gauge(
-        "gpuslice_gpu_tainted",
+        metric_name(Subsystem.GPU, "tainted"),
         "1 while a NoSchedule or NoExecute taint other than a cordon is on the device.",
         GPU_LABELS,
     )
     memory_used = gauge(
-        "gpuslice_gpu_memory_used_bytes",
+        metric_name(Subsystem.GPU, "memory_used_bytes"),
         "Bytes of the device's memory the processes of its shares use (the node's enforcer).",
         GPU_LABELS,
     )
     sm_used = gauge(
-        "gpuslice_gpu_sm_used_percent",
+        metric_name(Subsystem.GPU, "sm_used_percent"),
         "Percent of the device's SMs the processes of its shares use (the node's enforcer).",
         GPU_LABELS,
     )
@@ -238,7 +247,7 @@ def gpu_families(snap: Snapshot) -> Iterator[Metric]:
         cordoned.add_metric(labels, 1 if g.cordoned else 0)
         tainted.add_metric(labels, 1 if g.tainted else 0)
     up = gauge(
-        "gpuslice_view_usage_up",
+        metric_name(Subsystem.VIEW, "usage_up"),
         "1 while the node's enforcer metrics are current, 0 when stale or unreachable.",
         ("node", "state"),
     )
@@ -250,12 +259,12 @@ def gpu_families(snap: Snapshot) -> Iterator[Metric]:
 def claim_families(snap: Snapshot) -> Iterator[Metric]:
     """The per-claim families, labelled with the claim's namespace and name."""
     claim_cores = gauge(
-        "gpuslice_claim_cores_percent",
+        metric_name(Subsystem.CLAIM, "cores_percent"),
         "Percent of a GPU's cores an allocated claim holds on it.",
         CLAIM_LABELS,
     )
     claim_memory = gauge(
-        "gpuslice_claim_memory_bytes",
+        metric_name(Subsystem.CLAIM, "memory_bytes"),
         "Bytes of a device's memory an allocated claim holds on it.",
         CLAIM_LABELS,
     )
@@ -264,12 +273,12 @@ def claim_families(snap: Snapshot) -> Iterator[Metric]:
             claim_cores.add_metric(list(key), c)
         claim_memory.add_metric(list(key), m)
     claim_memory_used = gauge(
-        "gpuslice_claim_memory_used_bytes",
+        metric_name(Subsystem.CLAIM, "memory_used_bytes"),
         "Bytes of a device's memory a claim's processes use (the node's enforcer).",
         CLAIM_LABELS,
     )
     claim_sm_used = gauge(
-        "gpuslice_claim_sm_used_percent",
+        metric_name(Subsystem.CLAIM, "sm_used_percent"),
         "Percent of a device's SMs a claim's processes use (the node's enforcer).",
         CLAIM_LABELS,
     )
