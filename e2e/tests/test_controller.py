@@ -32,15 +32,14 @@ from e2e.sandbox.controlplane import ControlPlane
 from e2e.sandbox.gpunode import RESOURCE, gpu_pod, pod_devices
 from e2e.sandbox.nodeagent.testing import get_pod, unique, wait_for, wait_pod_phase
 from e2e.sandbox.nodeservices import NodePod, serve_node_pod, start_node_pod
-from e2e.tests.test_chart import helm_bin, render
+from e2e.support.chart import render
 from gpuslice_controller.admission import dialects
 from gpuslice_kube.errors import KubeError, KubeNotFoundError
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 
-pytest_plugins = ("e2e.sandbox.nodeagent.fixtures", "e2e.tests.test_kubelet_plugin_support")
+pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
 pytestmark = pytest.mark.timeout(180)
 
-__all__ = ["helm_bin"]  # a fixture, used by name
 
 BIN = Path(sys.executable).parent
 GIB = 1024**3

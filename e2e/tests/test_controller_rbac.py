@@ -35,7 +35,7 @@ from e2e.sandbox import procs
 from e2e.sandbox.controlplane import ControlPlane
 from e2e.sandbox.gpunode import RESOURCE
 from e2e.sandbox.nodeagent.testing import unique, wait_for
-from e2e.tests.test_chart import allowed, helm_bin, render
+from e2e.support.chart import allowed, render
 from gpuslice_kube.client import new_api_client
 from gpuslice_kube.errors import KubeError, KubeForbiddenError, KubeNotFoundError
 from gpuslice_kube.raw import Obj, RawApi, resource_path
@@ -43,7 +43,6 @@ from gpuslice_kube.raw import Obj, RawApi, resource_path
 pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
 pytestmark = pytest.mark.timeout(180)
 
-__all__ = ["helm_bin"]  # a fixture, used by name
 
 BIN = Path(sys.executable).parent
 RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")

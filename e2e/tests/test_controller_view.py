@@ -38,14 +38,13 @@ from e2e.sandbox.nodeagent.testing import (
     wait_pod_gone,
     wait_pod_phase,
 )
-from e2e.tests.test_chart import helm_bin, render
+from e2e.support.chart import render
 from gpuslice_kube.errors import KubeNotFoundError
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 
-pytest_plugins = ("e2e.sandbox.nodeagent.fixtures", "e2e.tests.test_kubelet_plugin_support")
+pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
 pytestmark = pytest.mark.timeout(120)
 
-__all__ = ["helm_bin"]  # a fixture, used by name
 
 BIN = Path(sys.executable).parent
 GIB = 1024**3

@@ -11,7 +11,7 @@ import pytest
 
 from e2e.sandbox.controlplane import ControlPlane
 from e2e.sandbox.nodeagent.testing import unique
-from e2e.tests.test_chart import (
+from e2e.support.chart import (
     CHART,
     NOT_FLAGS,
     allowed,
@@ -30,7 +30,7 @@ from gpuslice_device_plugin.config import select_config
 from gpuslice_enforcer.cli import build_parser as enforcer_parser
 from gpuslice_kube.raw import RawApi
 
-pytest_plugins = ("e2e.sandbox.nodeagent.fixtures", "e2e.tests.test_chart")
+pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
 
 CONFIGS = {
     "plain": "version: v1\n",

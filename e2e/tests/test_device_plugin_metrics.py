@@ -18,10 +18,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.sandbox.nodeagent import NodeAgent
 from e2e.sandbox.nodeagent.testing import wait_for, wait_pod_gone, wait_pod_phase
-from e2e.tests.test_device_plugin import MODE, PluginNode, wait_resources
+from e2e.support.device_plugin import MODE, PluginNode, wait_resources
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 
-pytest_plugins = ("e2e.sandbox.nodeagent.fixtures", "e2e.tests.test_device_plugin")
+pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
 pytestmark = pytest.mark.timeout(90)
 
 MIB = 1024 * 1024

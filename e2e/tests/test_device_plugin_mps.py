@@ -14,12 +14,12 @@ from e2e.sandbox.controlplane import ControlPlane
 from e2e.sandbox.nodeagent import NodeAgent
 from e2e.sandbox.nodeagent.testing import wait_for, wait_pod_phase
 from e2e.sandbox.nodeservices import NodeServices
-from e2e.tests.test_device_plugin import GPU, MODE, PluginNode, node_sharing, wait_resources
+from e2e.support.device_plugin import GPU, MODE, PluginNode, node_sharing, wait_resources
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 from gpuslice_nvml import open_nvml
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as epb
 
-pytest_plugins = ("e2e.sandbox.nodeagent.fixtures", "e2e.tests.test_device_plugin")
+pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
 pytestmark = pytest.mark.timeout(120)
 
 MIB = 1024 * 1024

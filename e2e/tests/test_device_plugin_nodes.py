@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
 from e2e.sandbox.controlplane import ControlPlane
 from e2e.sandbox.nodeagent import NodeAgent
 from e2e.sandbox.nodeagent.testing import wait_event, wait_for
-from e2e.tests.test_device_plugin import (
+from e2e.support.device_plugin import (
     GPU,
     MODE,
     PluginNode,
+    configs_dir,
     node_sharing,
     resources,
     run_pod,
@@ -26,7 +26,7 @@ from gpuslice_kube.raw import Obj, RawApi, resource_path
 from gpuslice_nvml import open_nvml
 from gpuslice_testkit.device_plugin import H100_MIXED, H100X8_NVLINK
 
-pytest_plugins = ("e2e.sandbox.nodeagent.fixtures", "e2e.tests.test_device_plugin")
+pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
 pytestmark = pytest.mark.timeout(90)
 
 RESOURCE = "resource.k8s.io/v1"
@@ -85,15 +85,6 @@ def test_a_dra_node_refuses_the_device_plugin(
     # once the slices are gone the same node runs the plugin (the kubelet's restart does this)
     node = plugin_nodes(2, agent=switching)
     wait_resources(kube, node, ("2", "2"))
-
-
-def configs_dir(root: Path, **named: str) -> Path:
-    """The named configs as a ConfigMap volume lays them out (one file per key)."""
-    directory = root / "device-plugin-configs"
-    directory.mkdir()
-    for name, text in named.items():
-        (directory / name).write_text(text)
-    return directory
 
 
 def test_the_node_label_picks_the_config(

@@ -21,11 +21,17 @@ import pytest
 
 from e2e.sandbox.nodeagent import NodeAgent
 from e2e.sandbox.nodeagent.testing import wait_event, wait_for, wait_pod_phase
-from e2e.tests.test_device_plugin import MODE, PluginNode, node_sharing, run_pod, wait_resources
-from e2e.tests.test_device_plugin_nodes import configs_dir
+from e2e.support.device_plugin import (
+    MODE,
+    PluginNode,
+    configs_dir,
+    node_sharing,
+    run_pod,
+    wait_resources,
+)
 from gpuslice_kube.raw import RawApi, resource_path
 
-pytest_plugins = ("e2e.sandbox.nodeagent.fixtures", "e2e.tests.test_device_plugin")
+pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
 pytestmark = pytest.mark.timeout(120)
 
 LABEL = "nvidia.com/device-plugin.config"

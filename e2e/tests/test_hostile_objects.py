@@ -29,7 +29,7 @@ import pytest
 
 from e2e.sandbox.controlplane import ControlPlane
 from e2e.sandbox.nodeagent.testing import temporary_namespace, wait_for
-from e2e.tests.test_kubelet_plugin_support import ClaimMaker
+from e2e.support.kubelet_plugin import ClaimMaker
 from gpuslice_controller.admission.validate import ClaimValidator, Classes
 from gpuslice_controller.server import WebhookServer
 from gpuslice_controller.tls import certs
@@ -42,7 +42,7 @@ from gpuslice_testkit.kubelet_plugin.harness import Harness
 from gpuslice_view.feed import ViewFeeder
 from gpuslice_view.reasons import why_claim
 
-pytest_plugins = ("e2e.sandbox.nodeagent.fixtures", "e2e.tests.test_kubelet_plugin_support")
+pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
 pytestmark = pytest.mark.timeout(60)
 
 GV = "resource.k8s.io/v1"

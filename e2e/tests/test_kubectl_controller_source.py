@@ -25,7 +25,7 @@ from e2e.sandbox.nodeagent.testing import unique
 from e2e.tests.test_controller_view import Controller, node, ns, running_controller, token
 from gpuslice_kube.raw import RawApi, resource_path
 
-pytest_plugins = ("e2e.sandbox.nodeagent.fixtures", "e2e.tests.test_kubelet_plugin_support")
+pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
 pytestmark = pytest.mark.timeout(180)
 
 __all__ = ["node", "ns"]  # fixtures, used by name

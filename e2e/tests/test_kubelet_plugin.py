@@ -35,7 +35,7 @@ from e2e.sandbox.nodeagent.testing import (
 )
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 
-pytest_plugins = ("e2e.sandbox.nodeagent.fixtures", "e2e.tests.test_kubelet_plugin_support")
+pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
 pytestmark = pytest.mark.timeout(90)
 
 H100_MEMORY = 81559 * 1024 * 1024

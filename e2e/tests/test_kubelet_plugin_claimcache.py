@@ -12,8 +12,7 @@ from e2e.sandbox.controlplane import ControlPlane
 from e2e.sandbox.gpunode import delete_claim
 from e2e.sandbox.nodeagent.credentials import node_kubeconfig
 from e2e.sandbox.nodeagent.testing import unique, wait_for
-from e2e.tests.test_kubelet_plugin_prepare import RecordingRawApi
-from e2e.tests.test_kubelet_plugin_support import ClaimMaker
+from e2e.support.kubelet_plugin import ClaimMaker, RecordingRawApi
 from gpuslice_api.names import DRIVER
 from gpuslice_draplugin import ClaimCache, ClaimRef, ResourceApi
 from gpuslice_kube.client import new_api_client
@@ -21,7 +20,7 @@ from gpuslice_kube.raw import RawApi
 from gpuslice_testkit.kubelet_plugin.dra import ref, result
 from gpuslice_testkit.kubelet_plugin.harness import Harness, Running
 
-pytest_plugins = ("e2e.sandbox.nodeagent.fixtures", "e2e.tests.test_kubelet_plugin_support")
+pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
 pytestmark = pytest.mark.timeout(30)
 
 

@@ -13,12 +13,12 @@ import pytest
 from e2e.sandbox.controlplane import ControlPlane
 from e2e.sandbox.gpunode import RESOURCE, delete_node_slices, node_slices
 from e2e.sandbox.nodeagent.testing import wait_for
-from e2e.tests.test_kubelet_plugin_process import Processes
+from e2e.support.kubelet_plugin import Processes
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 from gpuslice_testkit.core import ServiceExitedError
 from gpuslice_testkit.kubelet_plugin.harness import Node
 
-pytest_plugins = ("e2e.sandbox.nodeagent.fixtures", "e2e.tests.test_kubelet_plugin_support")
+pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
 pytestmark = pytest.mark.timeout(90)
 
 

@@ -13,7 +13,7 @@ from gpuslice_protos.kubelet.dra_health.v1alpha1 import api_pb2 as hpb
 from gpuslice_protos.kubelet.dra_health.v1alpha1 import api_pb2_grpc as hpb_grpc
 from gpuslice_testkit.kubelet_plugin.harness import Node, Running
 
-pytest_plugins = ("e2e.sandbox.nodeagent.fixtures", "e2e.tests.test_kubelet_plugin_support")
+pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
 pytestmark = pytest.mark.timeout(30)
 
 

@@ -37,7 +37,7 @@ from gpuslice_nvml import Nvml, open_nvml
 from gpuslice_testkit.kubelet_plugin.harness import write_node
 from gpuslice_testkit.kubelet_plugin.standins import StandinMigManager
 
-pytest_plugins = ("e2e.sandbox.nodeagent.fixtures", "e2e.tests.test_kubelet_plugin_support")
+pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
 pytestmark = pytest.mark.timeout(90)
 
 H100X8_MIG = [{"model": "H100", "count": 8, "migEnabled": True}]

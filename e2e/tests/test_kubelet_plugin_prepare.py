@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 
 from e2e.sandbox.gpunode import delete_claim
-from e2e.tests.test_kubelet_plugin_support import ClaimMaker
+from e2e.support.kubelet_plugin import ClaimMaker, RecordingRawApi
 from gpuslice_core.cdi import load_spec
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 from gpuslice_kubelet_plugin.cdispecs import device_env
 from gpuslice_testkit.kubelet_plugin.dra import DraClient, gpu_config, ref, result
 from gpuslice_testkit.kubelet_plugin.harness import Harness, Node, Running
 
-pytest_plugins = ("e2e.sandbox.nodeagent.fixtures", "e2e.tests.test_kubelet_plugin_support")
+pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
 pytestmark = pytest.mark.timeout(30)
 
 GIB = 1024**3
@@ -34,18 +34,6 @@ def spec_devices(plugin: Running, claim: Obj) -> dict[str, dict[str, str]]:
     env = dict(e.partition("=")[::2] for e in entries)
     assert "CUDA_VISIBLE_DEVICES" not in env
     return device_env(env)
-
-
-class RecordingRawApi(RawApi):
-    """The real client, remembering the paths it GETs."""
-
-    def __init__(self, raw: RawApi) -> None:
-        super().__init__(raw.api_client, deadline=raw.deadline)
-        self.gets: list[str] = []
-
-    def get(self, path: str) -> Obj:
-        self.gets.append(path)
-        return super().get(path)
 
 
 def test_exclusive_gpu_gets_a_cdi_spec_naming_the_gpu(

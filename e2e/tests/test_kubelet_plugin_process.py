@@ -15,7 +15,7 @@ import pytest
 from e2e.sandbox.controlplane import ControlPlane
 from e2e.sandbox.gpunode import delete_node_slices, node_slices
 from e2e.sandbox.nodeagent.testing import wait_event, wait_for
-from e2e.tests.test_kubelet_plugin_support import ClaimMaker
+from e2e.support.kubelet_plugin import ClaimMaker, Processes
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 from gpuslice_testkit.core import ServiceExitedError
 from gpuslice_testkit.kubelet_plugin.dra import (
@@ -29,33 +29,7 @@ from gpuslice_testkit.kubelet_plugin.harness import Node
 from gpuslice_testkit.kubelet_plugin.process import PluginProcess
 from gpuslice_testkit.kubelet_plugin.standins import StandinEnforcer
 
-pytest_plugins = ("e2e.sandbox.nodeagent.fixtures", "e2e.tests.test_kubelet_plugin_support")
-
-
-class Processes:
-    """Plugin processes of one node; all stopped, and the node's slices deleted, after."""
-
-    def __init__(self, sandbox: ControlPlane, root: Path, node: Node, name: str) -> None:
-        self.sandbox = sandbox
-        self.root = root
-        self.node = node
-        self.name = name
-        self.started: list[PluginProcess] = []
-
-    def start(self, *extra: str) -> PluginProcess:
-        plugin = PluginProcess(
-            node=self.name,
-            kubeconfig=self.sandbox.kubeconfig,
-            fake_nvml_config=self.node.config,
-            state_dir=self.root / "state",
-            cdi_root=self.root / "cdi",
-            registrar_dir=self.root / "reg",
-            plugins_dir=self.root / "plugins",
-            log=self.root / "plugin.log",
-            extra=extra,
-        )
-        self.started.append(plugin)
-        return plugin.start()
+pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from e2e.sandbox.controlplane import ControlPlane
 from e2e.sandbox.gpunode import delete_claim, unreachable_kubeconfig
 from e2e.sandbox.nodeagent.credentials import node_kubeconfig
 from e2e.sandbox.nodeagent.testing import unique
-from e2e.tests.test_kubelet_plugin_support import ClaimMaker
+from e2e.support.kubelet_plugin import ClaimMaker
 from gpuslice_core.cdi import ClaimSpecs, ContainerEdits, Device
 from gpuslice_draplugin import ResourceApi
 from gpuslice_kube.client import new_api_client
@@ -31,7 +31,7 @@ from gpuslice_testkit.kubelet_plugin.dra import ref, result
 from gpuslice_testkit.kubelet_plugin.harness import Harness
 from gpuslice_testkit.kubelet_plugin.standins import StandinEnforcer
 
-pytest_plugins = ("e2e.sandbox.nodeagent.fixtures", "e2e.tests.test_kubelet_plugin_support")
+pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
 pytestmark = pytest.mark.timeout(30)
 
 

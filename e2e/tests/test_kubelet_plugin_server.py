@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from e2e.sandbox.nodeagent.testing import wait_for
-from e2e.tests.test_kubelet_plugin_support import ClaimMaker
+from e2e.support.kubelet_plugin import ClaimMaker
 from gpuslice_draplugin import Sockets, probe
 from gpuslice_protos.kubelet.pluginregistration.v1 import api_pb2 as reg
 from gpuslice_protos.kubelet.pluginregistration.v1 import api_pb2_grpc as reg_grpc
@@ -18,7 +18,7 @@ from gpuslice_testkit.kubelet_plugin.dra import ref, result
 from gpuslice_testkit.kubelet_plugin.harness import Harness, Running
 from gpuslice_testkit.kubelet_plugin.standins import StandinEnforcer
 
-pytest_plugins = ("e2e.sandbox.nodeagent.fixtures", "e2e.tests.test_kubelet_plugin_support")
+pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
 pytestmark = pytest.mark.timeout(30)
 
 

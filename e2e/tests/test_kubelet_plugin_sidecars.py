@@ -10,7 +10,7 @@ import pytest
 
 from e2e.sandbox.controlplane import ControlPlane
 from e2e.sandbox.gpunode import create_gated_pod, delete_node_slices
-from e2e.tests.test_kubelet_plugin_support import ClaimMaker
+from e2e.support.kubelet_plugin import ClaimMaker
 from gpuslice_core.cdi import load_spec
 from gpuslice_kube.raw import RawApi, resource_path
 from gpuslice_kubelet_plugin.cdispecs import device_env
@@ -20,7 +20,7 @@ from gpuslice_testkit.kubelet_plugin.dra import gpu_config, ref, result
 from gpuslice_testkit.kubelet_plugin.harness import Harness, Node, Running, write_node
 from gpuslice_testkit.kubelet_plugin.standins import StandinEnforcer, StandinMigManager
 
-pytest_plugins = ("e2e.sandbox.nodeagent.fixtures", "e2e.tests.test_kubelet_plugin_support")
+pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
 pytestmark = pytest.mark.timeout(30)
 
 

@@ -21,7 +21,7 @@ from gpuslice_kube.raw import Obj, RawApi, resource_path
 from gpuslice_nvml import open_nvml
 from gpuslice_testkit.kubelet_plugin.harness import Harness, Node, Running, write_node
 
-pytest_plugins = ("e2e.sandbox.nodeagent.fixtures", "e2e.tests.test_kubelet_plugin_support")
+pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
 pytestmark = pytest.mark.timeout(30)
 
 DRIVER = "gpu.gpuslice.dev"

@@ -39,7 +39,7 @@ from gpuslice_nvml import open_nvml
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as epb
 from gpuslice_protos.gpuslice.v1 import migmanager_pb2 as mpb
 
-pytest_plugins = ("e2e.sandbox.nodeagent.fixtures", "e2e.tests.test_kubelet_plugin_support")
+pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
 pytestmark = pytest.mark.timeout(90)
 
 GIB = 1024**3

@@ -34,7 +34,7 @@ from gpuslice_kube.raw import Obj, RawApi, resource_path
 from gpuslice_kubelet_plugin.cdispecs import env_key
 from gpuslice_nvml import open_nvml
 
-pytest_plugins = ("e2e.sandbox.nodeagent.fixtures", "e2e.tests.test_kubelet_plugin_support")
+pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
 pytestmark = pytest.mark.timeout(120)
 
 GIB = 1024**3

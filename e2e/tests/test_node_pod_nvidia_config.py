@@ -25,7 +25,7 @@ from e2e.sandbox.nodeservices import NodePod, serve_node_pod, start_node_pod
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as epb
 
-pytest_plugins = ("e2e.sandbox.nodeagent.fixtures", "e2e.tests.test_kubelet_plugin_support")
+pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
 pytestmark = pytest.mark.timeout(120)
 
 GIB = 1024**3

@@ -4,10 +4,9 @@ container with the CDI edits, and unprepares when the pod goes away."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 
 import pytest
@@ -17,15 +16,22 @@ from e2e.sandbox.nodeagent.testing import (
     condition,
     events_for,
     get_pod,
-    unique,
     wait_event,
     wait_for,
     wait_pod_gone,
     wait_pod_phase,
 )
-from e2e.tests.standin_dra_plugin import DRIVER, StandinDraPlugin
+from e2e.support.dra_objects import (
+    RESOURCE,
+    claim_template,
+    create,
+    create_slice,
+    delete_pod,
+    gpu_pod,
+    shareable_gpu,
+)
+from e2e.support.standin_dra_plugin import DRIVER, StandinDraPlugin
 from gpuslice_core.cdi import Hook
-from gpuslice_kube.errors import KubeNotFoundError
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 
 # kube, namespace, node_agent(s): until e2e/conftest.py imports them
@@ -34,128 +40,13 @@ pytestmark = pytest.mark.timeout(120)
 
 NodeFactory = Callable[..., NodeAgent]
 
-RESOURCE = "resource.k8s.io/v1"
-
 
 # ---- objects ------------------------------------------------------------------------------------
-def shareable_gpu(name: str = "gpu-0") -> Obj:
-    return {
-        "name": name,
-        "allowMultipleAllocations": True,
-        "attributes": {"type": {"string": "gpu"}, "index": {"int": 0}},
-        "capacity": {
-            "cores": {
-                "value": "100",
-                "requestPolicy": {
-                    "default": "100",
-                    "validRange": {"min": "1", "max": "100", "step": "1"},
-                },
-            }
-        },
-    }
-
-
-def create_slice(kube: RawApi, node: str, devices: list[Obj], driver: str = DRIVER) -> Obj:
-    body = {
-        "apiVersion": RESOURCE,
-        "kind": "ResourceSlice",
-        "metadata": {"name": unique(f"{node}-slice")},
-        "spec": {
-            "driver": driver,
-            "nodeName": node,
-            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-            "devices": devices,
-        },
-    }
-    return kube.create(resource_path(RESOURCE, "resourceslices"), body)
-
-
 def node_slices(kube: RawApi, node: str) -> list[Obj]:
     items: list[Obj] = kube.list(
         resource_path(RESOURCE, "resourceslices"), field_selector=f"spec.nodeName={node}"
     )["items"]
     return items
-
-
-def claim_template(namespace: str, name: str, device_class: str, cores: str | None) -> Obj:
-    exactly: Obj = {"deviceClassName": device_class}
-    if cores is not None:
-        exactly["capacity"] = {"requests": {"cores": cores}}
-    return {
-        "apiVersion": RESOURCE,
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}},
-    }
-
-
-def gpu_pod(
-    namespace: str,
-    name: str,
-    node: str,
-    template: str,
-    script: str = "echo GPU_DEVICE=$GPU_DEVICE GPU_CORES=$GPU_CORES; sleep 60",
-) -> Obj:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": node},
-            "terminationGracePeriodSeconds": 5,
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "busybox",
-                    "command": ["sh", "-c", script],
-                    "resources": {"claims": [{"name": "gpu"}]},
-                }
-            ],
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
-        },
-    }
-
-
-@pytest.fixture
-def device_class(kube: RawApi) -> Iterator[str]:
-    name = unique("standin-gpu")
-    kube.create(
-        resource_path(RESOURCE, "deviceclasses"),
-        {
-            "apiVersion": RESOURCE,
-            "kind": "DeviceClass",
-            "metadata": {"name": name},
-            "spec": {
-                "selectors": [
-                    {
-                        "cel": {
-                            "expression": f'device.driver == "{DRIVER}" && '
-                            f'device.attributes["{DRIVER}"].type == "gpu"'
-                        }
-                    }
-                ]
-            },
-        },
-    )
-    yield name
-    with contextlib.suppress(KubeNotFoundError):
-        kube.delete(resource_path(RESOURCE, "deviceclasses", name=name))
-
-
-@pytest.fixture
-def standin(node_agent: NodeAgent, kube: RawApi) -> Iterator[StandinDraPlugin]:
-    plugin = StandinDraPlugin.for_agent(node_agent, kube).start()
-    wait_for(plugin.registered.is_set, 10, "the stand-in plugin to be registered")
-    yield plugin
-    plugin.stop()
-
-
-def create(kube: RawApi, namespace: str, plural: str, obj: Obj, gv: str = "v1") -> Obj:
-    return kube.create(resource_path(gv, plural, namespace=namespace), obj)
-
-
-def delete_pod(kube: RawApi, namespace: str, name: str) -> None:
-    kube.delete(resource_path("v1", "pods", namespace=namespace, name=name))
 
 
 def pod_log(agent: NodeAgent, pod: Obj, container: str = "main") -> str:

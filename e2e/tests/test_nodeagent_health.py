@@ -26,7 +26,7 @@ from e2e.sandbox.gpunode import (
 from e2e.sandbox.nodeagent.testing import get_pod, wait_for, wait_pod_phase
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 
-pytest_plugins = ("e2e.sandbox.nodeagent.fixtures", "e2e.tests.test_kubelet_plugin_support")
+pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
 pytestmark = pytest.mark.timeout(60)
 
 H100X2 = [{"model": "H100", "count": 2}]

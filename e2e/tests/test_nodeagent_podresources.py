@@ -11,26 +11,22 @@ import pytest
 
 from e2e.sandbox.nodeagent import NodeAgent
 from e2e.sandbox.nodeagent.testing import wait_for, wait_pod_gone, wait_pod_phase
-from e2e.tests.standin_dra_plugin import DRIVER, StandinDraPlugin
-from e2e.tests.test_nodeagent_dra import (
+from e2e.support.dra_objects import (
     RESOURCE,
     claim_template,
     create,
     create_slice,
     delete_pod,
-    device_class,
     gpu_pod,
     shareable_gpu,
-    standin,
 )
+from e2e.support.standin_dra_plugin import DRIVER, StandinDraPlugin
 from gpuslice_kube.raw import Obj, RawApi
 from gpuslice_protos.kubelet.podresources.v1 import api_pb2 as pb
 from gpuslice_protos.kubelet.podresources.v1 import api_pb2_grpc as pb_grpc
 
 pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
 pytestmark = pytest.mark.timeout(60)
-
-__all__ = ["device_class", "standin"]  # fixtures shared with test_nodeagent_dra
 
 
 @pytest.fixture

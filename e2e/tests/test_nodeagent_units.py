@@ -51,7 +51,7 @@ from e2e.sandbox.nodeagent.runtime import (
     Runtime,
 )
 from e2e.sandbox.nodeagent.testing import wait_for
-from e2e.tests.standin_dra_plugin import DRIVER, StandinDraPlugin
+from e2e.support.standin_dra_plugin import DRIVER, StandinDraPlugin
 from gpuslice_core.cdi import ClaimSpecs, ContainerEdits, Device, Hook
 from gpuslice_core.grpcserver import UnixGrpcServer
 from gpuslice_kube.raw import RawApi

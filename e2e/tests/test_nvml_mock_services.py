@@ -39,7 +39,7 @@ from e2e.sandbox.gpunode import (
 from e2e.sandbox.nodeagent import NodeAgent
 from e2e.sandbox.nodeagent.testing import wait_for, wait_pod_phase
 from e2e.sandbox.nodeservices import NodeServices
-from e2e.tests.test_device_plugin import MODE, start_plugin
+from e2e.support.device_plugin import MODE, start_plugin
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 from gpuslice_nvml.fake import FakeNvml
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
@@ -48,7 +48,7 @@ from gpuslice_testkit.device_plugin import write_node
 from gpuslice_testkit.enforcer import EnforcerProcess, remove_tree, share_request, short_tempdir
 from gpuslice_testkit.nvml_mock import mock_library_dir
 
-pytest_plugins = ("e2e.sandbox.nodeagent.fixtures", "e2e.tests.test_kubelet_plugin_support")
+pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
 
 NODE = """
 name: mock-services-node

@@ -28,7 +28,7 @@ from gpuslice_view.feed import ViewFeeder
 from gpuslice_view.report import claim_rows, gpu_rows
 from gpuslice_view.source import load
 
-pytest_plugins = ("e2e.sandbox.nodeagent.fixtures", "e2e.tests.test_kubelet_plugin_support")
+pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
 pytestmark = pytest.mark.timeout(180)
 
 GIB = 1024**3
