@@ -1,5 +1,6 @@
-"""The DRA objects the node-agent tests create for the stand-in driver (e2e/support/
-standin_dra_plugin.py): hand-written ResourceSlices, claim templates and pods that ask for them."""
+"""The DRA objects the node-agent tests create for the stand-in driver
+(e2e/support/standin_dra_plugin.py): hand-written ResourceSlices, claim templates and pods that
+ask for them."""
 
 from __future__ import annotations
 

@@ -1,31 +1,30 @@
-"""Fixtures shared by the e2e test folders below (each folder's conftest.py holds what only its own
-tests share; e2e/conftest.py holds the session's sandbox control plane).
+"""Fixtures shared by more than one folder of e2e/tests. The folders mirror services/
+(controller/, device_plugin/, enforcer/, kubelet_plugin/, mig_manager/) plus the tiers that cut
+across them (chart/, controlplane/, crosscutting/, nodeagent/, nodepod/, realnode/, view/);
+each folder's conftest.py holds what only its own tests share and says what the folder tests.
+e2e/conftest.py holds the session's sandbox control plane.
 
-- ``helm_bin``: helm for rendering or installing the chart (chart/, controller/, view/);
+- ``helm_bin``: helm for rendering the chart (chart/, controller/, device_plugin/, view/);
 - the kubelet plugin in-process against the sandbox's API server (``harness``, ``plugin``) on a
   fake node with a unique name per test (the pool is the node's), claims created in the test's
   namespace with their allocation written into the status, as the scheduler would
-  (``claims``), and the DeviceClasses of e2e/manifests: used by kubelet_plugin/ and by the
-  folders whose tests run the plugin beside something else (controller/, view/, nodeagent/,
-  realnode/, crosscutting/). After a test the plugin is stopped, its node's slices and the
-  claims deleted.
+  (``claims``), and the DeviceClasses of e2e/manifests (``device_classes``): kubelet_plugin/
+  and every folder whose tests run the plugin beside something else. After a test the plugin is
+  stopped, its node's slices and the claims deleted.
 
-Helpers that are not fixtures are in e2e/support.
+No test module imports another: helpers that are not fixtures are in e2e/support.
 """
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from e2e.sandbox import procs
 from e2e.sandbox.binaries import REPO_ROOT
 from e2e.sandbox.controlplane import ControlPlane
 from e2e.sandbox.gpunode import (
@@ -35,19 +34,12 @@ from e2e.sandbox.gpunode import (
     delete_device_classes,
     delete_node_slices,
 )
-from e2e.sandbox.nodeagent import NodeAgent
-from e2e.sandbox.nodeagent.testing import unique, wait_for
-from e2e.support.device_plugin import MODE, PluginNode, start_plugin
-from e2e.support.dra_objects import RESOURCE
+from e2e.sandbox.nodeagent.testing import unique
 from e2e.support.kubelet_plugin import ClaimMaker
-from e2e.support.standin_dra_plugin import DRIVER, StandinDraPlugin
-from gpuslice_kube.errors import KubeNotFoundError
-from gpuslice_kube.raw import Obj, RawApi, resource_path
+from gpuslice_kube.raw import Obj, RawApi
 from gpuslice_nvml import open_nvml
 from gpuslice_nvml.fake import FakeNvmlControl
-from gpuslice_testkit.device_plugin import write_node as write_plugin_node
 from gpuslice_testkit.kubelet_plugin.harness import H100X2_MIG, Harness, Node, Running, write_node
-from gpuslice_testkit.nvml_mock import NvmlBackend
 
 
 @pytest.fixture(scope="session")
@@ -138,70 +130,3 @@ def claims(kube: RawApi, namespace: str) -> Iterator[ClaimMaker]:
 
     yield make
     delete_claims(kube, namespace)
-
-
-@pytest.fixture
-def plugin_nodes(
-    sandbox: ControlPlane, node_agents: Callable[..., NodeAgent]
-) -> Iterator[Callable[..., PluginNode]]:
-    """``make(gpus or a fake NVML doc, config, *flags, labels=..., nvml_config=...,
-    backend=...)``: a node agent labelled for device-plugin mode (plus ``labels``) with the
-    plugin running on it (on the fake backend, or ``backend="mock"``)."""
-    started: list[PluginNode] = []
-
-    def make(
-        gpus: int | dict[str, Any],
-        config: str = "",
-        *extra: str,
-        labels: dict[str, str] | None = None,
-        nvml_config: Path | None = None,
-        agent: NodeAgent | None = None,
-        backend: NvmlBackend = "fake",
-    ) -> PluginNode:
-        agent = agent or node_agents(labels={**MODE, **(labels or {})})
-        if nvml_config is None:
-            doc = {"gpus": [{"model": "H100", "count": gpus}]} if isinstance(gpus, int) else gpus
-            nvml_config = write_plugin_node(agent.config.root, doc, agent.name)
-        proc = start_plugin(agent, sandbox.kubeconfig, nvml_config, config, *extra, backend=backend)
-        node = PluginNode(agent, proc, nvml_config)
-        started.append(node)
-        return node
-
-    yield make
-    for node in started:
-        left = procs.stop([node.proc], grace=5)
-        assert not left, f"device plugin outlived its stop: {left}"
-
-
-@pytest.fixture
-def device_class(kube: RawApi) -> Iterator[str]:
-    name = unique("standin-gpu")
-    kube.create(
-        resource_path(RESOURCE, "deviceclasses"),
-        {
-            "apiVersion": RESOURCE,
-            "kind": "DeviceClass",
-            "metadata": {"name": name},
-            "spec": {
-                "selectors": [
-                    {
-                        "cel": {
-                            "expression": f'device.driver == "{DRIVER}" && '
-                            f'device.attributes["{DRIVER}"].type == "gpu"'
-                        }
-                    }
-                ]
-            },
-        },
-    )
-    yield name
-    with contextlib.suppress(KubeNotFoundError):
-        kube.delete(resource_path(RESOURCE, "deviceclasses", name=name))
-
-
-@pytest.fixture
-def standin(node_agent: NodeAgent, kube: RawApi) -> Iterator[StandinDraPlugin]:
-    plugin = StandinDraPlugin.for_agent(node_agent, kube).start()
-    wait_for(plugin.registered.is_set, 10, "the stand-in plugin to be registered")
-    yield plugin
-    plugin.stop()

@@ -18,10 +18,14 @@ from cryptography.x509.oid import NameOID
 
 from e2e.sandbox import flags, procs
 from e2e.sandbox.apiproxy import upstream_for
-from e2e.sandbox.binaries import SCRIPT, BinariesMissingError, find_binaries, pinned_versions
+from e2e.sandbox.binaries import (
+    REPO_ROOT,
+    SCRIPT,
+    BinariesMissingError,
+    find_binaries,
+    pinned_versions,
+)
 from e2e.sandbox.certs import TinyCA, service_account_key
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_pinned_versions_come_from_versions_env() -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from e2e.sandbox.binaries import REPO_ROOT
 from e2e.sandbox.controlplane import ControlPlane
 from e2e.sandbox.nodeagent import NodeAgent
 from e2e.sandbox.nodeagent.testing import events_for, wait_event, wait_for
@@ -28,8 +29,7 @@ from gpuslice_nvml.fake import FakeNvml, FakeNvmlControl
 pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
 pytestmark = pytest.mark.timeout(60)
 
-REPO = Path(__file__).resolve().parents[2]
-MANIFEST = REPO / "e2e" / "manifests" / "mig-configs.yaml"
+MANIFEST = REPO_ROOT / "e2e" / "manifests" / "mig-configs.yaml"
 LABEL = "gpuslice.dev/mig.config"
 STATE = "gpuslice.dev/mig.config.state"
 NODE = """\

@@ -27,12 +27,13 @@ import yaml
 from cryptography import x509
 
 from e2e.sandbox import procs
-from e2e.sandbox.binaries import KubeBinaries
+from e2e.sandbox.binaries import REPO_ROOT, KubeBinaries
 from e2e.sandbox.controlplane import ControlPlane
 from e2e.sandbox.gpunode import RESOURCE, gpu_pod, pod_devices
 from e2e.sandbox.nodeagent.testing import get_pod, unique, wait_for, wait_pod_phase
 from e2e.sandbox.nodeservices import NodePod, serve_node_pod, start_node_pod
 from e2e.support.chart import render
+from e2e.support.controller import ready
 from gpuslice_controller.admission import dialects
 from gpuslice_kube.errors import KubeError, KubeNotFoundError
 from gpuslice_kube.raw import Obj, RawApi, resource_path
@@ -73,22 +74,6 @@ class Controller:
         self.proc = procs.start(
             "controller", self.argv, self.log, self.env, cwd=Path.cwd(), die_with_parent=True
         )
-
-
-def _ready(port: int) -> bool:
-    import ssl
-    import urllib.request
-
-    ctx = ssl.create_default_context()
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE  # readiness only; the API server checks the chain
-    try:
-        with urllib.request.urlopen(
-            f"https://127.0.0.1:{port}/readyz", context=ctx, timeout=2
-        ) as r:
-            return bool(r.status == 200)
-    except OSError:
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +146,7 @@ def controller(
         kube.create(base, config)
         paths.append(f"{base}/{name}")
     try:
-        wait_for(lambda: _ready(port) or None, 60, "the controller to be ready")
+        wait_for(lambda: ready(port) or None, 60, "the controller to be ready")
         yield ctl
     finally:
         for path in paths:
@@ -351,7 +336,7 @@ def test_with_the_controller_down_our_claims_pass_unchecked_unless_fail_is_chose
     finally:
         policy("Ignore")
         controller.start()
-        wait_for(lambda: _ready(controller.port) or None, 60, "the controller to be ready")
+        wait_for(lambda: ready(controller.port) or None, 60, "the controller to be ready")
     create_claim(kube, claim(ns, "ours", {"deviceClassName": "gpu.gpuslice.dev"}))
 
 
@@ -461,9 +446,7 @@ def test_opt_out_and_untranslatable_pods(kube: RawApi, ns: str, gpu_node: NodePo
 
 
 def test_the_chart_sends_exactly_the_dialects_resources() -> None:
-    chart = (
-        Path(__file__).resolve().parents[2] / "charts/gpuslice/templates/controller-webhooks.yaml"
-    ).read_text()
+    chart = (REPO_ROOT / "charts/gpuslice/templates/controller-webhooks.yaml").read_text()
     plain = {d.count for d in dialects.DIALECTS if d.count_alone_is_plain}
     for dialect in dialects.DIALECTS:
         for resource in dialect.resources:

@@ -5,9 +5,8 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from e2e.sandbox.binaries import REPO_ROOT
 
 
 def test_demo_runs_pods_on_gpus_and_stops_everything() -> None:

@@ -20,11 +20,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import ssl
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +33,7 @@ from e2e.sandbox.controlplane import ControlPlane
 from e2e.sandbox.gpunode import RESOURCE
 from e2e.sandbox.nodeagent.testing import unique, wait_for
 from e2e.support.chart import allowed, render
+from e2e.support.controller import ready, readyz
 from gpuslice_kube.client import new_api_client
 from gpuslice_kube.errors import KubeError, KubeForbiddenError, KubeNotFoundError
 from gpuslice_kube.raw import Obj, RawApi, resource_path
@@ -95,26 +93,6 @@ def chart_env(deployment: Obj, namespace: str) -> dict[str, str]:
 
 
 BUNDLE_WAIT = "waiting for the CA bundle in the webhook configurations"
-
-
-def readyz(port: int) -> str | None:
-    """What /readyz answers ("ok\n" or "waiting for …"); None while nothing answers."""
-    ctx = ssl.create_default_context()
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE  # readiness only; the API server checks the chain
-    try:
-        with urllib.request.urlopen(
-            f"https://127.0.0.1:{port}/readyz", context=ctx, timeout=2
-        ) as answer:
-            return str(answer.read().decode())
-    except urllib.error.HTTPError as exc:
-        return str(exc.read().decode())
-    except OSError:
-        return None
-
-
-def ready(port: int) -> bool:
-    return readyz(port) == "ok\n"
 
 
 @pytest.fixture(scope="module")

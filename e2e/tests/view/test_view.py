@@ -17,10 +17,7 @@ import pytest
 
 from e2e.sandbox.controlplane import ControlPlane
 from e2e.sandbox.gpunode import (
-    RESOURCE,
     GpuNode,
-    claim_template,
-    gpu_pod,
     on_gpu,
     running_gpu_node,
 )
@@ -32,7 +29,8 @@ from e2e.sandbox.nodeagent.testing import (
     wait_pod_gone,
     wait_pod_phase,
 )
-from gpuslice_kube.raw import Obj, RawApi, resource_path
+from e2e.support.view import delete_pods, start_pod
+from gpuslice_kube.raw import Obj, RawApi
 from gpuslice_view.feed import ViewFeeder
 from gpuslice_view.report import gpu_rows
 from gpuslice_view.source import load
@@ -81,23 +79,6 @@ def cli(sandbox: ControlPlane, ns: str) -> Cli:
     return Cli(sandbox.kubeconfig, ns)
 
 
-def start_pod(
-    kube: RawApi,
-    ns: str,
-    node: GpuNode,
-    name: str,
-    *,
-    device_class: str = "gpu.gpuslice.dev",
-    selector: str | None = None,
-    **capacity: str,
-) -> None:
-    template = claim_template(ns, name, device_class, selector=selector, **capacity)
-    kube.create(resource_path(RESOURCE, "resourceclaimtemplates", namespace=ns), template)
-    kube.create(
-        resource_path("v1", "pods", namespace=ns), gpu_pod(ns, name, node.name, template=name)
-    )
-
-
 def wait_unschedulable(kube: RawApi, ns: str, name: str) -> str:
     def check() -> str | None:
         pod = get_pod(kube, ns, name)
@@ -105,13 +86,6 @@ def wait_unschedulable(kube: RawApi, ns: str, name: str) -> str:
         return str(cond.get("message")) if cond and cond["status"] == "False" else None
 
     return wait_for(check, 30, f"{name} to be Unschedulable")
-
-
-def delete_pods(kube: RawApi, ns: str, *names: str) -> None:
-    for name in names:
-        kube.delete(resource_path("v1", "pods", namespace=ns, name=name))
-    for name in names:
-        wait_pod_gone(kube, ns, name, timeout=30)
 
 
 def rows(cli: Cli, node: GpuNode) -> dict[str, Obj]:

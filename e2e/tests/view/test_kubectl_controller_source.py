@@ -22,13 +22,12 @@ import pytest
 from e2e.sandbox.controlplane import ControlPlane
 from e2e.sandbox.gpunode import GpuNode
 from e2e.sandbox.nodeagent.testing import unique
-from e2e.tests.test_controller_view import Controller, node, ns, running_controller, token
+from e2e.support.controller import Controller, running_controller, token
 from gpuslice_kube.raw import RawApi, resource_path
 
 pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
 pytestmark = pytest.mark.timeout(180)
 
-__all__ = ["node", "ns"]  # fixtures, used by name
 
 PLUGIN = Path(sys.executable).parent / "kubectl-gpuslice"
 

@@ -19,7 +19,7 @@ from e2e.sandbox.gpunode import GpuNode, start_gpu_node, stop_gpu_node
 from e2e.sandbox.nodeagent.testing import wait_for, wait_pod_phase
 from e2e.sandbox.nodeservices import NodePod, serve_node_pod, start_node_pod
 from e2e.sandbox.procs import free_port
-from e2e.tests.test_view import delete_pods, start_pod
+from e2e.support.view import delete_pods, start_pod
 from gpuslice_kube.errors import KubeNotFoundError
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 from gpuslice_testkit.enforcer import Workload

@@ -2,7 +2,7 @@
 binary, the host's /proc and the enforcer's socket directory, entered with chroot in a mount
 namespace of its own, as a host whose libc is too old (or missing) would run it. The hook
 attaches a real container (a fake workload in its own cgroups) to a real enforcer. runc runs it
-on the real nodes (e2e/tests/test_realnode_scenarios.py)."""
+on the real nodes (e2e/tests/realnode/test_realnode_scenarios.py)."""
 
 from __future__ import annotations
 
