@@ -1,5 +1,6 @@
 """Helpers the device-plugin tests share that are not fixtures (``plugin_nodes``, a node agent
-with the real device plugin running on it, is a fixture in e2e/tests/conftest.py)."""
+with the real device plugin running on it, is a fixture in
+e2e/tests/device_plugin/conftest.py)."""
 
 from __future__ import annotations
 

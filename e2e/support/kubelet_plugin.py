@@ -1,5 +1,5 @@
 """Helpers the kubelet-plugin tests share that are not fixtures (those are in
-e2e/tests/conftest.py and e2e/tests/kubelet_plugin/conftest.py)."""
+e2e/tests/conftest.py)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ the sandbox's real API server (server-side dry runs, a real `helm install` whose
 admission policies are exercised). `make chart` runs test_chart.py; test_chart_guards.py
 holds the chart's guards against misconfiguration.
 
-``helm_bin`` is a fixture in e2e/tests/conftest.py (controller/ and view/ render the chart too);
-the rendering helpers (``render``, ``containers``, ``sets``, ...) are in e2e/support/chart.py.
-No fixture is shared by this folder's modules alone.
+``helm_bin`` is a fixture in e2e/tests/conftest.py (controller/, device_plugin/ and view/ render
+the chart too); the rendering helpers (``render``, ``containers``, ``sets``, ...) are in
+e2e/support/chart.py. No fixture is shared by this folder's modules alone.
 """

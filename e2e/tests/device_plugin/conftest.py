@@ -1,4 +1,4 @@
-"""The device-plugin tier (services/device_plugin): the real ``gpuslice-device-plugin`` process on
+"""The device-plugin tier (services/device-plugin): the real ``gpuslice-device-plugin`` process on
 a node agent (the simulated kubelet's device manager) against the sandbox's control plane.
 
 ``plugin_nodes`` starts such nodes; the helpers that are not fixtures (``PluginNode``,
