@@ -63,7 +63,7 @@ start-stress: setup kube-binaries
 chart: setup kube-binaries
 	bash hack/install-helm.sh >/dev/null
 	.tools/bin/helm lint --strict charts/gpuslice
-	$(BIN)/pytest -q e2e/tests/test_chart.py
+	$(BIN)/pytest -q e2e/tests/chart/test_chart.py
 
 # The sandbox's Kubernetes binaries, built once from their Go modules into ~/.cache/gpuslice/kube.
 kube-binaries:
@@ -72,7 +72,7 @@ kube-binaries:
 # The user scenarios on real kubelets with the chart installed from our images (tier 4), and
 # the same scenarios in kind where Docker exists (tier 5; here it says why it cannot run).
 e2e-real: setup kube-binaries node-binaries images
-	$(BIN)/pytest -q e2e/tests/test_realnode.py e2e/tests/test_realnode_scenarios.py
+	$(BIN)/pytest -q e2e/tests/realnode
 
 e2e-kind: setup
 	bash hack/e2e-kind.sh

@@ -1,7 +1,7 @@
 """The e2e scenarios in kind (tier 5, users' CI): run by hack/e2e-kind.sh, which creates the
 cluster, builds and loads the images and passes them here through the environment. Collected
 only when GPUSLICE_KIND_KUBECONFIG is set (e2e/conftest.py); the scenarios are the same code as
-the sandbox's real-node tier (e2e/tests/test_realnode_scenarios.py)."""
+the sandbox's real-node tier (e2e/tests/realnode/test_realnode_scenarios.py)."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ MIG_GPU = 3
 L4_MEMORY = 24 * 1024**3  # rounded down: an L4 has 23034 MiB
 
 # An A100 in MIG mode cut as in NVIDIA's MIG quickstart (also the node-agent tier's isolation
-# tests, e2e/tests/test_node_pod_isolation.py)
+# tests, e2e/tests/nodepod/test_node_pod_isolation.py)
 QUICKSTART_MIG_A100: dict[str, Any] = {
     "model": "A100-SXM4-40GB",
     "migEnabled": True,

@@ -2,8 +2,9 @@
 
 Each scenario takes a ``Cluster`` running the gpuslice chart on nodes with the fake GPUs of
 ``e2e.scenarios.nodes``, works in a namespace of its own and leaves every device free again.
-``SCENARIOS`` lists them in the order the tiers run them; e2e/tests/test_realnode_scenarios.py
-(real kubelets here) and e2e/kind/test_kind_scenarios.py (kind, users' CI) parametrize over it.
+``SCENARIOS`` lists them in the order the tiers run them;
+e2e/tests/realnode/test_realnode_scenarios.py (real kubelets here) and
+e2e/kind/test_kind_scenarios.py (kind, users' CI) parametrize over it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """hack/start_stress.py on the smallest scale: one start of the device plugin, checked, stopped
 and counted in its table. The 200-start run is ``make start-stress`` (minutes per
 service); the cause it guards against is tested deterministically in
-e2e/tests/test_sandbox_units.py (procs.start never forks the launcher)."""
+e2e/tests/controlplane/test_sandbox_units.py (procs.start never forks the launcher)."""
 
 from __future__ import annotations
 

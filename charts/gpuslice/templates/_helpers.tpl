@@ -79,7 +79,7 @@ app.kubernetes.io/component: node
 {{- end }}
 
 {{/* The default layouts: config.yaml of files/mig-configs.yaml (a copy of
-e2e/manifests/mig-configs.yaml, kept equal by e2e/tests/test_chart.py). */}}
+e2e/manifests/mig-configs.yaml, kept equal by e2e/tests/chart/test_chart.py). */}}
 {{- define "gpuslice.migLayouts" -}}
 {{- if .Values.migManager.layouts.config }}
 {{- .Values.migManager.layouts.config }}

@@ -1,5 +1,5 @@
-"""gpuslice-node-setup (gpuslice_core.nodesetup), step by step; e2e/tests/test_chart.py runs the
-whole program against the chart's rendered environment and the real static hook."""
+"""gpuslice-node-setup (gpuslice_core.nodesetup), step by step; e2e/tests/chart/test_chart.py
+runs the whole program against the chart's rendered environment and the real static hook."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Which claims the watch-fed claim cache answers for (events fed by hand; the cache against a
-real API server is tested in e2e/tests/test_kubelet_plugin_claimcache.py)."""
+real API server is tested in e2e/tests/kubelet_plugin/test_kubelet_plugin_claimcache.py)."""
 
 from __future__ import annotations
 

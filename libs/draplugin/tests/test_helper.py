@@ -1,6 +1,7 @@
 """The helper over its real sockets, without an API server (``raw=None``): registration, both
 DRA versions with per-claim answers, the switches, a refused registration, the health stream,
-the probe and stop. Publishing and claims need an API server: e2e/tests/test_kubelet_plugin_*."""
+the probe and stop. Publishing and claims need an API server:
+e2e/tests/kubelet_plugin/test_kubelet_plugin_*."""
 
 from __future__ import annotations
 

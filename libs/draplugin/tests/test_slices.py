@@ -1,5 +1,5 @@
 """How a pool is split into ResourceSlices (pure logic; publishing against the real API
-server is tested in e2e/tests/test_kubelet_plugin_slices.py)."""
+server is tested in e2e/tests/kubelet_plugin/test_kubelet_plugin_slices.py)."""
 
 from __future__ import annotations
 

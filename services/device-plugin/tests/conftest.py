@@ -1,5 +1,5 @@
 """Fixtures of the device plugin's unit tests: fake NVML nodes. Tests against the sandbox's
-real control plane and node agent live in e2e/tests/test_device_plugin.py."""
+real control plane and node agent live in e2e/tests/device_plugin/test_device_plugin.py."""
 
 from __future__ import annotations
 

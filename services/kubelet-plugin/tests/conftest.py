@@ -1,6 +1,6 @@
 """Fixtures of the kubelet plugin's unit tests: a fake node (fake NVML). Nothing here talks
 to an API server; tests that need one run against the sandbox's real control plane
-(e2e/tests/test_kubelet_plugin_*.py)."""
+(e2e/tests/kubelet_plugin/test_kubelet_plugin_*.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """The coexistence check's decision (``coexist.coexistence_refusal``); the Event and the exit
-status against the real API server are in e2e/tests/test_kubelet_plugin_coexist.py."""
+status against the real API server are in
+e2e/tests/kubelet_plugin/test_kubelet_plugin_coexist.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Health: NVML events become taints and health-stream entries, and recovery clears them (the
-stream over the DRA socket is tested in e2e/tests/test_kubelet_plugin_health.py)."""
+stream over the DRA socket is tested in e2e/tests/kubelet_plugin/test_kubelet_plugin_health.py)."""
 
 from __future__ import annotations
 

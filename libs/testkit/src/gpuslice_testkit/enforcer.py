@@ -3,8 +3,8 @@ fake-GPU workloads, and CDI hooks run the way runc runs them — either hook: th
 the chart installs (``go_hook``, built by hack/hook-binary.sh) or the Python one
 (``gpuslice_enforcer.hook``), chosen by ``HOOK_KINDS``.
 
-Used by e2e/tests/test_enforcer*.py and bench/bench_enforcer.py; they clean up after themselves
-(cgroups removed, processes and MPS daemons stopped) even when a test fails.
+Used by e2e/tests/enforcer/test_enforcer*.py and bench/bench_enforcer.py; they clean up after
+themselves (cgroups removed, processes and MPS daemons stopped) even when a test fails.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The leader's certificate pass against an in-memory API, and when a webhook configuration's
 change wakes it (``BundleWatch``): one that appears or loses its bundle does, one that already
 has it or is deleted does not. The watch itself runs against the real API server in
-e2e/tests/test_controller_rbac.py."""
+e2e/tests/controller/test_controller_rbac.py."""
 
 from __future__ import annotations
 
