@@ -8,6 +8,7 @@ with no data), and every family must be ``gpuslice_<subsystem>_…`` with a subs
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 from collections.abc import Iterable
@@ -116,6 +117,16 @@ def test_the_names_are_the_ones_dashboards_know() -> None:
         "gpuslice_gpu_cores_allocated_percent",
         "gpuslice_claim_memory_bytes",
     } <= names
+
+
+def test_every_series_the_grafana_dashboard_queries_is_exported_by_the_controller() -> None:
+    dashboard = json.loads((ROOT / "charts/gpuslice/files/grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    used = {m for e in exprs for m in re.findall(r"gpuslice_[a-z_]+", e)}
+    exposed = exported()["controller"]
+    exposed |= {f"{name}_total" for name in exposed}  # a counter's family gains _total
+    assert used, "the dashboard queries no gpuslice series"
+    assert used <= exposed, used - exposed
 
 
 #: A metric name spelled out in code: a string literal (not a docstring's ``…``) that starts
