@@ -16,11 +16,12 @@ many nodes per process over one API client. Phases:
 1. roll-out: every node's cache starts at once (a DaemonSet roll-out): time to synced, LIST
    requests and bytes the API server sent;
 2. steady state (``--steady`` seconds, nothing changes): watch events sent, writes by the nodes;
-3. churn: R claims a second (``--churn``) are deallocated and allocated to another node (two
-   status writes each, as the scheduler's unreserve and a new pod's allocation): watch events
-   and bytes the API server sent (its own metrics), events each node decoded, how long after
-   the allocation write the new node's cache had the claim (the lag that decides whether a
-   prepare right after scheduling reads the API), the labeller's writes.
+3. churn: R claim allocations a second (``--churn``), as pods come and go: a new claim is
+   created and allocated to a random node (the scheduler's status write) and an old one is
+   deleted: watch events and bytes the API server sent (its own metrics, every watcher
+   counted: the controller-manager's and the labeller's too), events each node decoded, how
+   long after the allocation write the node's cache had the claim (the lag that decides
+   whether a prepare right after scheduling reads the API), the labeller's writes.
 
 Per phase it prints the API server's CPU seconds and RSS, and the nodes' process CPU and RSS
 divided by N (what one node costs, the many-nodes-per-process overhead included); at the end a
@@ -164,6 +165,22 @@ def allocation(node: str, i: int) -> Obj:
     return {"devices": {"results": [result(f"gpu-{i % 8}", pool=node)]}}
 
 
+def claim_object(name: str) -> Obj:
+    requests = [{"name": "gpu", "exactly": {"deviceClassName": "gpu.gpuslice.dev"}}]
+    return {"metadata": {"name": name}, "spec": {"devices": {"requests": requests}}}
+
+
+def settle(raw: RawApi, pid: int) -> None:
+    """Until the API server has sent every watch event of what came before (one quiet second)."""
+    last = api_figures(raw, pid).watch_events
+    while True:
+        time.sleep(1.0)
+        now = api_figures(raw, pid).watch_events
+        if now == last:
+            return
+        last = now
+
+
 def make_claims(raw: RawApi, namespace: str, nodes: list[str]) -> list[tuple[str, str]]:
     """C claims, each allocated to one node; returns (name, node)."""
     path = resource_path(RESOURCE, "resourceclaims", namespace=namespace)
@@ -171,19 +188,7 @@ def make_claims(raw: RawApi, namespace: str, nodes: list[str]) -> list[tuple[str
 
     def make(item: tuple[int, tuple[str, str]]) -> None:
         i, (name, node) = item
-        claim = raw.create(
-            path,
-            {
-                "metadata": {"name": name},
-                "spec": {
-                    "devices": {
-                        "requests": [
-                            {"name": "gpu", "exactly": {"deviceClassName": "gpu.gpuslice.dev"}}
-                        ]
-                    }
-                },
-            },
-        )
+        claim = raw.create(path, claim_object(name))
         claim["status"] = {"allocation": allocation(node, i)}
         raw.replace(f"{path}/{name}/status", claim)
 
@@ -246,6 +251,7 @@ def fleet(
         )
     own_pid = os.getpid()
     nodes = [Node(api, name, mode) for name in names]
+    settle(raw, pid)
     before, cpu0 = api_figures(raw, pid), cpu_seconds(own_pid)
     start = time.monotonic()
     for node in nodes:
@@ -260,15 +266,18 @@ def fleet(
     wait(lambda: sum(x.held() for x in nodes) == len(claims), 120, "every claim held")
     run.rollout = api_figures(raw, pid) - before
     # steady state: nothing changes
+    settle(raw, pid)
     before = api_figures(raw, pid)
     events0 = sum(x.events for x in nodes)
     time.sleep(steady)
     run.steady = api_figures(raw, pid) - before
     assert sum(x.events for x in nodes) == events0, "events at steady state"
-    # churn: move claims between nodes at the asked rate
-    rng = random.Random(7)  # noqa: S311 - which claim moves where, repeatably
+    # churn: pods come and go; each op allocates a new claim on a random node (create, then
+    # the scheduler's status write) and deletes a claim allocated earlier, so C stays the same
+    rng = random.Random(7)  # noqa: S311 - which claim goes where, repeatably
     path = resource_path(RESOURCE, "resourceclaims", namespace=namespace)
     where = dict(claims)
+    settle(raw, pid)
     before = api_figures(raw, pid)
     events0 = sum(x.events for x in nodes)
     writes0 = labels.writes if labels else 0
@@ -279,11 +288,14 @@ def fleet(
         due = start + ops / churn
         if due > time.monotonic():
             time.sleep(due - time.monotonic())
-        name = rng.choice(claims)[0]
-        target = rng.choice([x for x in names if x != where[name]] or names)
-        raw.patch(f"{path}/{name}/status", {"status": {"allocation": None}})
+        gone = rng.choice(sorted(where))
+        raw.delete(f"{path}/{gone}")
+        del where[gone]
+        name, target = f"n{ops}", rng.choice(names)
+        claim = raw.create(path, claim_object(name))
+        claim["status"] = {"allocation": allocation(target, ops)}
         by_name[target].waiting[f"{namespace}/{name}"] = time.monotonic()
-        raw.patch(f"{path}/{name}/status", {"status": {"allocation": allocation(target, ops)}})
+        raw.replace(f"{path}/{name}/status", claim)
         where[name] = target
         ops += 1
     run.churn_s = time.monotonic() - start
@@ -329,19 +341,20 @@ def report(run: Run) -> None:
     rate = run.churn_ops / run.churn_s
     decoded = run.node_events_churn
     print(
-        f"churn: {run.churn_ops} moves in {run.churn_s:.1f} s ({rate:.1f}/s, 2 status writes "
-        f"each); API server sent {c.watch_events:.0f} watch events "
-        f"({c.watch_events / per_op:.1f} per move), {c.watch_bytes / 1e6:.2f} MB "
-        f"({c.watch_bytes / per_op / 1e3:.1f} kB per move); API server CPU {c.cpu:.2f} s "
+        f"churn: {run.churn_ops} allocations in {run.churn_s:.1f} s ({rate:.1f}/s; a create, a "
+        f"status write, a delete each); API server sent {c.watch_events:.0f} watch events "
+        f"({c.watch_events / per_op:.1f} per allocation), {c.watch_bytes / 1e6:.2f} MB "
+        f"({c.watch_bytes / per_op / 1e3:.1f} kB per allocation); API server CPU {c.cpu:.2f} s "
         f"({c.cpu / run.churn_s * 100:.0f}% of a core)"
     )
     print(
-        f"       nodes decoded {decoded} events ({decoded / per_op / n:.2f} per move per node; "
+        f"       nodes decoded {decoded} events ({decoded / per_op / n:.2f} per allocation "
+        "per node; "
         f"the busiest node {max(run.node_events)} in all); label writes {run.label_writes} "
-        f"({run.label_writes / per_op:.1f} per move)"
+        f"({run.label_writes / per_op:.1f} per allocation)"
     )
     print(
-        f"       a moved claim reached its new node's cache p50 {pct(run.lags, 0.5) * 1e3:.1f} ms"
+        f"       a new claim reached its node's cache p50 {pct(run.lags, 0.5) * 1e3:.1f} ms"
         f" / p99 {pct(run.lags, 0.99) * 1e3:.1f} ms after its allocation write "
         f"({len(run.lags)} of {run.churn_ops})"
     )
@@ -371,8 +384,8 @@ def project(runs: list[Run]) -> None:
         kbytes = at(lambda r: r.churn.watch_bytes / max(r.churn_ops, 1) / 1e3)
         list_mb = at(lambda r: r.rollout.list_bytes / 1e6)
         print(
-            f"{mode:>5}: per claim move {events:,.0f} watch events, {kbytes:,.0f} kB sent; "
-            f"at 100 moves/s {events * 100:,.0f} events/s; a roll-out lists {list_mb:,.0f} MB"
+            f"{mode:>5}: per claim allocation {events:,.0f} watch events, {kbytes:,.0f} kB sent; "
+            f"at 100 allocations/s {events * 100:,.0f} events/s; a roll-out lists {list_mb:,.0f} MB"
         )
 
 
@@ -380,7 +393,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--nodes", default="10,100", help="comma-separated N")
     parser.add_argument("--modes", default="all,label")
-    parser.add_argument("--churn", type=float, default=20.0, help="claim moves per second")
+    parser.add_argument("--churn", type=float, default=20.0, help="claim allocations per second")
     parser.add_argument("--seconds", type=float, default=15.0, help="churn duration")
     parser.add_argument("--steady", type=float, default=5.0, help="steady-state seconds")
     args = parser.parse_args()
