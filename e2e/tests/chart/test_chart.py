@@ -272,8 +272,23 @@ def test_components_and_options_can_be_switched(helm_bin: Path) -> None:
     assert byname["enforcer"]["args"] == ["--hook-path="]
     assert "HOOK_INSTALL_DIR" not in env_of(byname["node-setup"])
     assert pod_spec(tuned)["runtimeClassName"] == "nvidia"
+    # the driver root is mounted at /driver-root and its host path handed over for CDI specs
     mounts = {m["mountPath"]: m for m in byname["kubelet-plugin"]["volumeMounts"]}
-    assert mounts["/run/nvidia/driver"]["readOnly"] is True
+    assert mounts["/driver-root"]["readOnly"] is True
+    volumes = {v["name"]: v for v in pod_spec(tuned)["volumes"]}
+    assert volumes[mounts["/driver-root"]["name"]]["hostPath"]["path"] == "/run/nvidia/driver"
+    env = env_of(byname["kubelet-plugin"])
+    assert (env["NVIDIA_DRIVER_ROOT"], env["NVIDIA_DRIVER_ROOT_HOST"]) == (
+        "/driver-root",
+        "/run/nvidia/driver",
+    )
+    # a driver installed on the host: its "/" too (the libraries' host paths), read-only
+    plain = containers(render(helm_bin))["kubelet-plugin"]
+    assert {m["mountPath"]: m.get("readOnly") for m in plain["volumeMounts"]}["/driver-root"]
+    assert env_of(plain)["NVIDIA_DRIVER_ROOT_HOST"] == "/"
+    fake = containers(render(helm_bin, *sets("nvml.backend=fake")))["kubelet-plugin"]
+    assert "/driver-root" not in {m["mountPath"] for m in fake["volumeMounts"]}
+    assert "NVIDIA_DRIVER_ROOT_HOST" not in env_of(fake)
     monitor = one(tuned, "ServiceMonitor", "gpuslice-node")
     assert [e["port"] for e in monitor["spec"]["endpoints"]] == [
         "plugin",
@@ -551,6 +566,8 @@ def test_every_flag_is_set_through_its_variable_and_accepted_by_the_service(
         env = env_of(container)
         known = flag_variables(make_parser())
         unset = UNSET[name] | ({"FAKE_NVML_CONFIG"} if backend == "real" else set())
+        if name == "kubelet-plugin" and backend == "fake":  # no driver root is mounted
+            unset |= {"NVIDIA_DRIVER_ROOT_HOST"}
         assert env.keys() - known <= NOT_FLAGS, f"{name}: not flags of the service"
         assert known - env.keys() == unset, f"{name}: flags the chart does not set"
         # The service parses the chart's environment and arguments without complaint.

@@ -120,7 +120,7 @@ class KubeletPluginApp:
                 unprepared=claims.unprepared,
                 cdi=CdiWriter(
                     ClaimSpecs(s.cdi_root),
-                    driver=DriverRoot(s.driver_root),
+                    driver=DriverRoot(s.driver_root, host=s.driver_root_host),
                     nvidia_cdi_kind=s.nvidia_cdi_kind,
                 ),
                 enforcer=self.enforcer,

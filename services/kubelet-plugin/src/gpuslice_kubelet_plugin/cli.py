@@ -53,6 +53,7 @@ class Settings:
     gc_interval: float = 60.0
     rescan_interval: float = 60.0
     driver_root: Path = Path("/")
+    driver_root_host: Path | None = None  # where the host has --driver-root (default: the same)
     nvidia_cdi_kind: str = ""
     shutdown_grace: float = 10.0
     workers: int = 16
@@ -207,7 +208,21 @@ def build_parser() -> EnvArgumentParser:
         env="NVIDIA_DRIVER_ROOT",
         type=Path,
         default=Path("/"),
-        help="Root of the NVIDIA driver installation; device nodes are taken from <root>/dev.",
+        help=(
+            "Root of the NVIDIA driver installation as this process sees it; device nodes are"
+            " taken from <root>/dev and the driver's libraries from under it."
+        ),
+    )
+    f(
+        "--driver-root-host",
+        env="NVIDIA_DRIVER_ROOT_HOST",
+        type=Path,
+        default=None,
+        help=(
+            "The same directory as the host sees it, when this process has it mounted elsewhere"
+            " (the chart mounts the host's driver root at /driver-root): CDI specs name host"
+            " paths. Default: --driver-root."
+        ),
     )
     f(
         "--nvidia-cdi-kind",
@@ -265,6 +280,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         mode_check=args.mode_check,
         rescan_interval=args.rescan_interval,
         driver_root=args.driver_root,
+        driver_root_host=args.driver_root_host,
         nvidia_cdi_kind=args.nvidia_cdi_kind,
         shutdown_grace=args.shutdown_grace,
         log_level=args.log_level,
