@@ -99,8 +99,8 @@ def test_claims_of_other_drivers_and_unallocated_claims_get_no_label(
     make_claim(kube, namespace, "pending")
     make_claim(kube, namespace, "ours")
     allocate(kube, namespace, "ours", [result("gpu-0", pool="node-a")])
-    # the last claim's label is written after the others' events were looked at (one worker,
-    # in order), so by then the others would carry one if they were to
+    # the watch hands events over in order and the labeller decides at each whether a write is
+    # due, so once the last claim is labelled the others' events were judged
     wait_for(lambda: label_of(kube, namespace, "ours") == "node-a", 10, "label")
     assert label_of(kube, namespace, "other") is None
     assert label_of(kube, namespace, "pending") is None

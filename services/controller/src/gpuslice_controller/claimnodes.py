@@ -14,9 +14,10 @@ longer than a label value may be) and removes it from a claim that has no such r
 Each kubelet plugin watches claims with its own node's label, so the API server filters and a
 node receives the events of its own claims only.
 
-Only the leader writes. Claim keys queue up from the watch and one worker writes them, reading
-each claim's newest state from the reflector's cache when it comes to it: a burst of events on
-one claim costs at most one write, and a claim whose label already matches costs none (a new
+Only the leader writes. Claim keys queue up from the watch and a few workers write them (a
+claim's key always to the same worker, so its writes keep their order), reading each claim's
+newest state from the reflector's cache when it comes to it: a burst of events on one claim
+costs at most one write, and a claim whose label already matches costs none (a new
 leader's first pass over every claim writes only what is missing). A write is a merge patch of
 that one label; it changes nothing else, and the allocation it follows is the scheduler's, so a
 write that races a newer allocation is corrected by the event that allocation brings. The label
@@ -65,13 +66,14 @@ def digest(claim: Obj) -> Obj:
 class ClaimNodeLabels:
     """Keep ``NODE_LABEL`` on every claim equal to its allocation's node, while leading."""
 
-    def __init__(self, raw: RawApi, *, version: str) -> None:
+    def __init__(self, raw: RawApi, *, version: str, workers: int = 4) -> None:
         self.raw = raw
         self.path = resource_path(f"resource.k8s.io/{version}", "resourceclaims")
         self.version = version
         self.reflector = Reflector(raw, self.path, self.observe, keep=digest)
         self.writes = 0  # labels sent, written or removed (the bench and tests read it)
-        self._queue: queue.Queue[str] = queue.Queue()
+        # a claim's key always goes to the same worker: its writes stay in order
+        self._queues: list[queue.Queue[str]] = [queue.Queue() for _ in range(workers)]
         self._queued: set[str] = set()
         self._lock = threading.Lock()
         self._leading = threading.Event()
@@ -96,10 +98,10 @@ class ClaimNodeLabels:
             if key in self._queued:
                 return
             self._queued.add(key)
-        self._queue.put(key)
+        self._queues[hash(key) % len(self._queues)].put(key)
 
     def run(self, stop_leading: threading.Event) -> None:
-        """The leader's loop: every claim once (what a previous leader left), then the changes
+        """The leader's work: every claim once (what a previous leader left), then the changes
         the watch brings, until ``stop_leading``."""
         self._leading.set()
         try:
@@ -108,18 +110,31 @@ class ClaimNodeLabels:
                     return
             for key in list(self.reflector.cache):
                 self._enqueue(key)
-            while not stop_leading.is_set():
-                try:
-                    key = self._queue.get(timeout=0.2)
-                except queue.Empty:
-                    continue
-                with self._lock:
-                    self._queued.discard(key)
-                if not self._write(key):
-                    stop_leading.wait(RETRY_AFTER_S)
-                    self._enqueue(key)
+            workers = [
+                threading.Thread(
+                    target=self._work, args=(q, stop_leading), name=f"claim-nodes-{i}", daemon=True
+                )
+                for i, q in enumerate(self._queues)
+            ]
+            for worker in workers:
+                worker.start()
+            for worker in workers:
+                worker.join()
         finally:
             self._leading.clear()
+
+    def _work(self, keys: queue.Queue[str], stop_leading: threading.Event) -> None:
+        """One worker: the claims whose keys hash to its queue, one write at a time."""
+        while not stop_leading.is_set():
+            try:
+                key = keys.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            with self._lock:
+                self._queued.discard(key)
+            if not self._write(key):
+                stop_leading.wait(RETRY_AFTER_S)
+                self._enqueue(key)
 
     def _write(self, key: str) -> bool:
         """Make ``key``'s label match its allocation. False: try again later."""
@@ -131,7 +146,8 @@ class ClaimNodeLabels:
             f"resource.k8s.io/{self.version}", "resourceclaims", namespace=meta["namespace"]
         )
         patch: Obj = {"metadata": {"labels": {NODE_LABEL: current["wanted"]}}}
-        self.writes += 1  # counted before it is sent: whoever sees the label sees the count
+        with self._lock:  # counted before it is sent: whoever sees the label sees the count
+            self.writes += 1
         try:
             self.raw.patch(f"{path}/{meta['name']}", patch)
         except KubeNotFoundError:
