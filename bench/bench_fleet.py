@@ -23,6 +23,9 @@ many nodes per process over one API client. Phases:
    long after the allocation write the node's cache had the claim (the lag that decides
    whether a prepare right after scheduling reads the API), the labeller's writes.
 
+Then one real kubelet plugin (fake NVML, 8 GPUs) is left alone with short rescan and health
+intervals (``--plugin-seconds``): the writes the API server takes meanwhile, per node and hour.
+
 Per phase it prints the API server's CPU seconds and RSS, and the nodes' process CPU and RSS
 divided by N (what one node costs, the many-nodes-per-process overhead included); at the end a
 projection to 5,000 nodes from the measured curve.
@@ -53,6 +56,8 @@ from gpuslice_draplugin.claimcache import allocated_here
 from gpuslice_kube.client import new_api_client
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 from gpuslice_testkit.kubelet_plugin.dra import result
+from gpuslice_testkit.kubelet_plugin.harness import write_node
+from gpuslice_testkit.kubelet_plugin.process import PluginProcess
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # the e2e sandbox package
@@ -369,6 +374,72 @@ def report(run: Run) -> None:
     )
 
 
+WRITES = ("POST", "PUT", "PATCH", "DELETE", "APPLY")
+
+
+def write_requests(raw: RawApi) -> Counter[str]:
+    """The API server's count of write requests by resource (every client's)."""
+    client = raw.api_client
+    _, url, headers, _, _ = client.param_serialize(
+        method="GET", resource_path="/metrics", header_params={}, auth_settings=["BearerToken"]
+    )
+    text = client.call_api("GET", url, header_params=headers).read().decode()
+    counts: Counter[str] = Counter()
+    for line in text.splitlines():
+        match = SAMPLE.match(line)
+        if not match or match.group(1) != "apiserver_request_total":
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2)))
+        if labels.get("verb") in WRITES:
+            key = labels.get("resource", "") + (
+                "/" + labels["subresource"] if labels.get("subresource") else ""
+            )
+            counts[key] += int(float(match.group(3)))
+    return counts
+
+
+def steady_plugin(sandbox: ControlPlane, root: Path, seconds: float) -> None:
+    """One real kubelet plugin (8 fake H100s, its slices published, its health checks and
+    rescans running) left alone: the writes the API server takes meanwhile, per hour."""
+    raw = RawApi(new_api_client(sandbox.kubeconfig, user_agent="bench-fleet"))
+    node = "steady-node"
+    raw.create(resource_path("v1", "nodes"), {"metadata": {"name": node}})
+    config = write_node(root, [{"model": "H100", "count": 8}], node)
+    plugin = PluginProcess(
+        node=node,
+        kubeconfig=sandbox.kubeconfig,
+        fake_nvml_config=config,
+        state_dir=root / "state",
+        cdi_root=root / "cdi",
+        registrar_dir=root / "reg",
+        plugins_dir=root / "plugins",
+        log=root / "plugin.log",
+        extra=("--rescan-interval", "10", "--health-check-interval", "5"),
+    ).start()
+    try:
+        slices = resource_path(RESOURCE, "resourceslices")
+        wait(
+            lambda: bool(raw.list(slices, field_selector=f"spec.nodeName={node}")["items"]),
+            60,
+            "slices published",
+        )
+        time.sleep(5)  # the start's own writes land
+        before = write_requests(raw)
+        time.sleep(seconds)
+        after = write_requests(raw)
+    finally:
+        plugin.stop()
+    delta = {k: v for k, v in (after - before).items() if v}
+    ours = {k: v for k, v in delta.items() if k.split("/")[0] != "leases"}
+    print(f"\n== one kubelet plugin left alone for {seconds:.0f} s (rescan 10 s, health 5 s) ==")
+    print(
+        f"writes to the API server, every client's: {delta or '{}'} (leases: the "
+        "controller-manager's and scheduler's leader election)"
+    )
+    per_hour = sum(ours.values()) * 3600 / seconds
+    print(f"writes other than leases: {sum(ours.values())}, i.e. {per_hour:.0f} per node per hour")
+
+
 def project(runs: list[Run]) -> None:
     print("\n== projection to 5,000 nodes (80,000 claims), from the measured curve ==")
     for mode in ("all", "label"):
@@ -396,6 +467,9 @@ def main() -> None:
     parser.add_argument("--churn", type=float, default=20.0, help="claim allocations per second")
     parser.add_argument("--seconds", type=float, default=15.0, help="churn duration")
     parser.add_argument("--steady", type=float, default=5.0, help="steady-state seconds")
+    parser.add_argument(
+        "--plugin-seconds", type=float, default=60.0, help="one real plugin left alone (0: skip)"
+    )
     args = parser.parse_args()
     gslog.configure(component="bench", level="warning")
     root = Path(tempfile.mkdtemp(prefix="gkf-"))
@@ -410,6 +484,8 @@ def main() -> None:
                 report(run)
                 runs.append(run)
         project(runs)
+        if args.plugin_seconds > 0:
+            steady_plugin(sandbox, root, args.plugin_seconds)
     finally:
         sandbox.stop()
         shutil.rmtree(root, ignore_errors=True)
