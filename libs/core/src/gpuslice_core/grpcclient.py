@@ -86,5 +86,10 @@ class UnixClient:
             purpose = f" for {what}" if what else ""
             raise rpc_error(f"{self.service} {method}{purpose} ({self.socket})", exc) from exc
 
+    def stream(self, method: str, request: Any) -> Any:
+        """A server stream with no deadline, waiting for the server to be up: iterate it for
+        the replies (a ``grpc.RpcError`` when it ends abnormally), ``cancel()`` it to stop."""
+        return getattr(self._stub, method)(request, wait_for_ready=True)
+
     def close(self) -> None:
         self._channel.close()

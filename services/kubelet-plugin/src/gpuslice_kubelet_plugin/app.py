@@ -47,6 +47,7 @@ from gpuslice_kubelet_plugin.nodemode import NodeRefusedError, check_node_mode
 from gpuslice_kubelet_plugin.server import kubelet_server
 from gpuslice_kubelet_plugin.servicer import DraServicer
 from gpuslice_kubelet_plugin.state import DeviceState
+from gpuslice_kubelet_plugin.violationevents import ClaimName, ViolationEvents
 from gpuslice_nvml import Nvml, open_nvml
 
 log = gslog.get_logger(__name__)
@@ -141,6 +142,11 @@ class KubeletPluginApp:
                 metrics=self.metrics.helper,
                 workers=s.workers,
             )
+            self.violations: ViolationEvents | None = None
+            if isinstance(self.enforcer, GrpcEnforcer):
+                self.violations = ViolationEvents(
+                    raw, self.enforcer.violations, self._claim_name, node=s.node_name
+                )
             self.collector = ClaimCollector(
                 self.state, claims.read, self.metrics, interval=s.gc_interval
             )
@@ -156,6 +162,13 @@ class KubeletPluginApp:
             pool = self.devices.inventory.pool(self.health.taints)
             self.helper.publish({self.settings.node_name: pool})
 
+    def _claim_name(self, uid: str) -> ClaimName | None:
+        """Namespace and name of a claim prepared here (violations of shares with no pod)."""
+        for record in self.state.completed():
+            if record.uid == uid:
+                return ClaimName(record.namespace, record.name)
+        return None
+
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
         s = self.settings
@@ -168,6 +181,8 @@ class KubeletPluginApp:
         self.health.start()
         self.collector.start()
         self.devices.start()
+        if self.violations is not None:
+            self.violations.start()
         log.info(
             "kubelet plugin started",
             node=s.node_name,
@@ -190,6 +205,8 @@ class KubeletPluginApp:
     def stop(self) -> None:
         self._stop.set()
         self.helper.stop(grace=self.settings.shutdown_grace)
+        if self.violations is not None:
+            self.violations.stop()
         self.devices.stop()
         self.collector.stop()
         self.health.stop()

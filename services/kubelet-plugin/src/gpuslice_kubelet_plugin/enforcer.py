@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from gpuslice_api.enforcer import cdi_edits, level_name, mechanism_name
 from gpuslice_core import cdi
@@ -169,6 +169,10 @@ class GrpcEnforcer:
             )
             for gpu in reply.gpus
         }
+
+    def violations(self) -> Any:
+        """The enforcer's stream of every share's violations (``violationevents``)."""
+        return self._client.stream("WatchViolations", pb.WatchViolationsRequest())
 
     def close(self) -> None:
         self._client.close()

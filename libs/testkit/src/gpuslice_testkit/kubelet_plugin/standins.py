@@ -9,6 +9,7 @@ raised as gpuslice errors, which the server's interceptor maps to status codes
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 import uuid
@@ -45,8 +46,17 @@ class StandinEnforcer(epb_grpc.EnforcerServicer):
         self.released: Counter[str] = Counter()
         self.entered = threading.Event()  # set when a CreateShare call arrives
         self.arrivals = 0  # CreateShare calls that arrived (before the delay)
+        self.watchers = 0  # WatchViolations streams open now
+        self._violations: list[queue.Queue[epb.Violation]] = []
         self._lock = threading.Lock()
         self.server: UnixGrpcServer | None = None
+
+    def violate(self, violation: epb.Violation) -> None:
+        """Send ``violation`` on every open WatchViolations stream (as the enforcer's bus)."""
+        with self._lock:
+            streams = list(self._violations)
+        for stream in streams:
+            stream.put(violation)
 
     def serve(self, socket: Path) -> StandinEnforcer:
         self.server = UnixGrpcServer([socket], name="standin-enforcer")
@@ -142,7 +152,20 @@ class StandinEnforcer(epb_grpc.EnforcerServicer):
     def WatchViolations(  # noqa: N802
         self, request: epb.WatchViolationsRequest, context: grpc.ServicerContext
     ) -> Iterator[epb.Violation]:
-        return iter(())
+        stream: queue.Queue[epb.Violation] = queue.Queue()
+        with self._lock:
+            self._violations.append(stream)
+            self.watchers += 1
+        try:
+            while context.is_active():
+                try:
+                    yield stream.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+        finally:
+            with self._lock:
+                self._violations.remove(stream)
+                self.watchers -= 1
 
     def GetCapabilities(  # noqa: N802
         self, request: epb.GetCapabilitiesRequest, context: grpc.ServicerContext
