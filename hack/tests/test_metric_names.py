@@ -15,14 +15,14 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 from gpuslice_controller import connections
 from gpuslice_controller.admission import review
 from gpuslice_controller.view import metrics as view_metrics
-from gpuslice_core.metrics import NAMESPACE, SERVICE_SUBSYSTEMS, Subsystem, metric_name
+from gpuslice_core.metrics import BUILD_INFO, NAMESPACE, SERVICE_SUBSYSTEMS, Subsystem, metric_name
 from gpuslice_device_plugin.metrics import Metrics as DevicePluginMetrics
 from gpuslice_device_plugin.usage import ContainerCollector
 from gpuslice_enforcer.metrics import EnforcerMetrics
@@ -88,9 +88,37 @@ def test_every_service_is_given_its_subsystems() -> None:
     assert sorted(exported()) == services
 
 
+def standard(name: str) -> bool:
+    """The series every service carries besides its own (``standard_series``)."""
+    return name == BUILD_INFO or name.startswith(("process_", "python_"))
+
+
+NODE_METRICS = {
+    "device-plugin": DevicePluginMetrics,
+    "enforcer": EnforcerMetrics,
+    "kubelet-plugin": PluginMetrics,
+    "mig-manager": MigManagerMetrics,
+}
+
+
+@pytest.mark.parametrize("service", sorted(NODE_METRICS))
+def test_a_node_service_exposes_build_info_and_process_series_and_no_created(
+    service: str,
+) -> None:
+    registry = CollectorRegistry()
+    NODE_METRICS[service](registry)
+    text = generate_latest(registry).decode()
+    component = next(s for s in SERVICE_SUBSYSTEMS[service]).value
+    assert re.search(
+        rf'^{BUILD_INFO}{{component="{component}",.*version="[^"]+"}} 1.0$', text, re.M
+    )
+    assert "\nprocess_cpu_seconds_total " in text and "\nprocess_open_fds " in text
+    assert "_created" not in text  # counters are exposed without their creation time
+
+
 @pytest.mark.parametrize("service", sorted(SERVICE_SUBSYSTEMS))
 def test_each_name_starts_with_its_services_prefix(service: str) -> None:
-    names = exported()[service]
+    names = {n for n in exported()[service] if not standard(n)}
     prefixes = tuple(metric_name(sub, "") for sub in SERVICE_SUBSYSTEMS[service])
     assert names, f"{service} exports no metric"
     assert [n for n in sorted(names) if not n.startswith(prefixes)] == []

@@ -10,16 +10,34 @@ for every service (gpuslice_core is the one library all of them use). Operations
 
 from __future__ import annotations
 
+import platform
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+    start_http_server,
+)
+
+# No ``*_created`` series: a gauge of each counter's start time doubles every counter's series
+# and nothing of ours reads it (Prometheus itself does not need it to compute rates).
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 #: The first part of every gpuslice metric name.
 NAMESPACE = "gpuslice"
+#: One series per process, value 1, naming what runs: ``{component, version, python_version}``.
+BUILD_INFO = f"{NAMESPACE}_build_info"
 
 
 class Subsystem(StrEnum):
@@ -48,6 +66,27 @@ SERVICE_SUBSYSTEMS: dict[str, tuple[Subsystem, ...]] = {
     "kubelet-plugin": (Subsystem.KUBELET_PLUGIN,),
     "mig-manager": (Subsystem.MIG_MANAGER,),
 }
+
+
+def standard_series(registry: CollectorRegistry, *, component: str, version: str) -> None:
+    """What every service's registry carries besides its own series: ``gpuslice_build_info``
+    and the process's ``process_*`` (CPU, memory, file descriptors), ``python_info`` and
+    ``python_gc_*`` series. The default registry has the latter already; registering the build
+    info there twice (a second app in one process) keeps the first."""
+    if registry is not REGISTRY:
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
+        GCCollector(registry=registry)
+    try:
+        info = Gauge(
+            BUILD_INFO,
+            "Which gpuslice component and version runs in this process (value 1).",
+            ["component", "version", "python_version"],
+            registry=registry,
+        )
+    except ValueError:  # already there
+        return
+    info.labels(component, version, platform.python_version()).set(1)
 
 
 def metric_name(subsystem: str, name: str) -> str:

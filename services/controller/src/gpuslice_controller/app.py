@@ -196,6 +196,9 @@ class ControllerApp:
 
     def start(self) -> None:
         s = self.settings
+        metrics.standard_series(
+            REGISTRY, component=metrics.Subsystem.CONTROLLER, version=__version__
+        )
         if self.collector is not None:
             REGISTRY.register(self.collector)
         self._http = metrics.serve(s.metrics_addr) if s.metrics_addr else None

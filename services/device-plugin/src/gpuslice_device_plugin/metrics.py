@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gpuslice_core.metrics import OperationMetrics, Subsystem, metric_name
+from gpuslice_core.metrics import OperationMetrics, Subsystem, metric_name, standard_series
+from gpuslice_device_plugin import __version__
 
 COMPONENT = Subsystem.DEVICE_PLUGIN
 
@@ -22,6 +23,7 @@ COMPONENT = Subsystem.DEVICE_PLUGIN
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        standard_series(self.registry, component=COMPONENT, version=__version__)
         self.allocate = OperationMetrics(COMPONENT, "allocate", "Allocate calls", self.registry)
         self.preferred = OperationMetrics(
             COMPONENT, "preferred_allocation", "GetPreferredAllocation calls", self.registry

@@ -2,3 +2,5 @@
 
 See docs/enforcer.md.
 """
+
+__version__ = "0.1.0"

@@ -17,7 +17,8 @@ import contextlib
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gpuslice_core.metrics import OperationMetrics, Subsystem, metric_name
+from gpuslice_core.metrics import OperationMetrics, Subsystem, metric_name, standard_series
+from gpuslice_enforcer import __version__
 
 COMPONENT = Subsystem.ENFORCER
 _SHARE = ["claim_uid", "device"]
@@ -32,6 +33,7 @@ class EnforcerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        standard_series(r, component=COMPONENT, version=__version__)
         self.create_share = OperationMetrics(COMPONENT, "create_share", "CreateShare calls", r)
         self.release_share = OperationMetrics(COMPONENT, "release_share", "ReleaseShare calls", r)
         self.attach = OperationMetrics(COMPONENT, "attach_container", "AttachContainer calls", r)

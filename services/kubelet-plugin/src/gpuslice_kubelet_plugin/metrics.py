@@ -24,8 +24,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gpuslice_core.metrics import OperationMetrics, Subsystem, metric_name
+from gpuslice_core.metrics import OperationMetrics, Subsystem, metric_name, standard_series
 from gpuslice_draplugin import HelperMetrics
+from gpuslice_kubelet_plugin import __version__
 
 COMPONENT = Subsystem.KUBELET_PLUGIN
 
@@ -34,6 +35,7 @@ class PluginMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        standard_series(r, component=COMPONENT, version=__version__)
         self.prepare = OperationMetrics(COMPONENT, "prepare", "Claims prepared", r)
         self.unprepare = OperationMetrics(COMPONENT, "unprepare", "Claims unprepared", r)
         self.helper = HelperMetrics(COMPONENT, r)

@@ -19,7 +19,14 @@ from collections.abc import Iterable
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 from prometheus_client import Counter as PromCounter
 
-from gpuslice_core.metrics import DURATION_BUCKETS, OperationMetrics, Subsystem, metric_name
+from gpuslice_core.metrics import (
+    DURATION_BUCKETS,
+    OperationMetrics,
+    Subsystem,
+    metric_name,
+    standard_series,
+)
+from gpuslice_mig_manager import __version__
 
 COMPONENT = Subsystem.MIG_MANAGER
 
@@ -27,6 +34,7 @@ COMPONENT = Subsystem.MIG_MANAGER
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        standard_series(self.registry, component=COMPONENT, version=__version__)
         self.create = OperationMetrics(
             COMPONENT, "create_instance", "MIG instance creations", self.registry
         )
