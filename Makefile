@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
-.PHONY: all setup demo inventory chart test lint typecheck imports proto proto-check unit clean \
+.PHONY: all setup demo inventory chart chart-readme test lint typecheck imports proto proto-check unit clean \
 	kube-binaries node-binaries hook-binary images e2e-real e2e-kind cluster-up cluster-down \
 	cluster-status gpu-stage start-stress nvml-mock
 
@@ -63,7 +63,12 @@ start-stress: setup kube-binaries
 chart: setup kube-binaries
 	bash hack/install-helm.sh >/dev/null
 	.tools/bin/helm lint --strict charts/gpuslice
+	$(PY) hack/chart_readme.py --check
 	$(BIN)/pytest -q e2e/tests/chart/test_chart.py
+
+# The values table of charts/gpuslice/README.md, regenerated from values.yaml's `# --` comments.
+chart-readme:
+	$(PY) hack/chart_readme.py
 
 # The sandbox's Kubernetes binaries, built once from their Go modules into ~/.cache/gpuslice/kube.
 kube-binaries:

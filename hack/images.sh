@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds gpuslice's container images without a registry or a Docker engine, with buildah and
 # debootstrap from Debian (hack/node-packages.sh installs them), and exports each as an OCI archive
-# for `ctr -n k8s.io images import` on the real-node tier (DESIGN.md §5, tier 4):
+# for `ctr -n k8s.io images import` on the real-node tier (docs/real-node.md):
 #   pause        localhost/gpuslice/pause:TAG        static pause (hack/images/pause.c, gcc -static)
 #   python-base  localhost/gpuslice/python-base:TAG  Debian bookworm minbase + python3.11 and
 #                                                    ca-certificates: the role of python:3.11-slim,

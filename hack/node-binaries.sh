@@ -11,7 +11,7 @@
 # sharing its Go module and build caches. The kubelet comes from hack/kube-binaries.sh; the CNI
 # plugins (bridge, host-local, loopback) from Debian's containernetworking-plugins.
 # Debian's own containerd 1.6 has no CDI, and its runc 1.1.5 cannot run containerd 2.4's specs
-# (shared/reference/toolchain-facts.md, "A real node, end to end").
+# (docs/images.md, "Why buildah and debootstrap").
 # A stamp file (bin/.stamp) is written only after a complete, verified build; with it in place the
 # script only prints the dir. A failed build loses nothing: compiled packages stay in the Go build
 # cache and linked binaries in bin.partial/, so the rerun it asks for only redoes what is missing.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the real-node tier needs (DESIGN.md §5, tier 4), once:
+# Installs the Debian packages the real-node tier needs (docs/real-node.md), once:
 #   buildah                      daemonless image builds from the services' own Dockerfiles
 #   debootstrap                  local base images (Python, from Debian packages) instead of registry ones
 #   containernetworking-plugins  CNI bridge, host-local and loopback for the nodes' containerd

@@ -9,9 +9,10 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-# DRA features DESIGN.md section 3 uses. Each is set to true only where the binary lists the
-# gate in --help: GA gates are hidden from --help and already on (setting a locked gate to
-# false is fatal, setting it to true only warns), gates a release lacks are fatal.
+# DRA features gpuslice uses (docs/sandbox.md, "API versions and feature gates"). Each is set
+# to true only where the binary lists the gate in --help: GA gates are hidden from --help and
+# already on (setting a locked gate to false is fatal, setting it to true only warns), gates a
+# release lacks are fatal.
 DRA_GATES = (
     "DynamicResourceAllocation",  # the API itself (GA 1.34, locked on since 1.35)
     "DRAConsumableCapacity",  # allowMultipleAllocations, capacity request policies

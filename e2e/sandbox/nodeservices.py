@@ -2,7 +2,7 @@
 real kubelet plugin.
 
 In a cluster the node pod runs three containers that meet over unix sockets in a directory they
-share (DESIGN.md §1): ``gpuslice-kubelet-plugin``, ``gpuslice-enforcer`` and
+share (docs/architecture.md, "Services"): ``gpuslice-kubelet-plugin``, ``gpuslice-enforcer`` and
 ``gpuslice-mig-manager``. Here each is a local process on the fake NVML of one sandbox GPU node
 (e2e/sandbox/gpunode.py), all three reading the same fake NVML config and state file::
 

@@ -1,5 +1,6 @@
 """Real sandbox nodes: per node one containerd and one real kubelet of the pinned release,
-joined to the sandbox's control plane (DESIGN.md section 5, tier 4; docs/real-node.md).
+joined to the sandbox's control plane (tier 4 of docs/architecture.md, "Testing tiers";
+docs/real-node.md).
 
     with ControlPlane(run_dir) as cp, RealNodes.started(cp, ["real-0", "real-1"]) as nodes:
         nodes["real-0"].ctr("images", "ls")

@@ -11,7 +11,7 @@ UUIDs differ per node):
 Nodes labelled gpuslice.dev/mode=device-plugin get the same fake node through the device
 plugin instead: four nvidia.com/gpu (MIG strategy none counts the MIG GPU as one).
 
-The same values drive the real-node tier and kind (docs/e2e.md).
+The same values drive the real-node tier and kind (docs/real-node.md).
 """
 
 from __future__ import annotations

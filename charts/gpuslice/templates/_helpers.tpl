@@ -2,7 +2,7 @@
 Names, labels and derived settings shared by the templates.
 */}}
 
-{{/* The DRA driver name: a contract (shared/DESIGN.md section 2), never configurable. */}}
+{{/* The DRA driver name: a contract (the plugin's sockets, CDI names and DeviceClasses carry it), never configurable. */}}
 {{- define "gpuslice.driverName" -}}gpu.gpuslice.dev{{- end }}
 
 {{- define "gpuslice.name" -}}

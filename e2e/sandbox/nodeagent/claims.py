@@ -1,5 +1,6 @@
 """Which ResourceClaims a pod uses, whether it may use them, and which CDI devices each of its
-containers gets — pure functions over API objects (kubelet-facts.md sections 1.3-1.5)."""
+containers gets — pure functions over API objects (docs/node-agent.md, "What it simulates": DRA
+manager, CDI into containers)."""
 
 from __future__ import annotations
 

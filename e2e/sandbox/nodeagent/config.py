@@ -1,6 +1,6 @@
 """What one simulated node is: its name, its directories and the periods it runs on.
 
-The defaults are the kubelet's (kubelet-facts.md section 0); tests shorten the periods with
+The defaults are the kubelet's (docs/node-agent.md, "Timings"); tests shorten the periods with
 ``Timings.fast()`` so a lease, a re-registration or a retry happens within a test's budget.
 """
 

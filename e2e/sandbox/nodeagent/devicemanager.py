@@ -1,6 +1,7 @@
 """The kubelet's device manager: the ``device-plugins/kubelet.sock`` Registration service,
 one ListAndWatch stream per resource feeding node capacity (all devices) and allocatable
-(healthy ones), and device allocation at pod admission (kubelet-facts.md section 2).
+(healthy ones), and device allocation at pod admission (docs/node-agent.md, "What it
+simulates": Device plugins).
 
 - Start: every socket in ``device-plugins/`` is removed (checkpoint and dirs are kept), then
   ``kubelet.sock`` is served. ``Register`` accepts API version ``v1beta1`` and extended

@@ -1,6 +1,6 @@
 """The kubelet's DRA manager: prepare a pod's claims before its sandbox, unprepare them when
 their last local pod is gone, and checkpoint the claim cache so a restart neither loses nor
-repeats work (kubelet-facts.md sections 1.4 and 1.6).
+repeats work (docs/node-agent.md, "What it simulates": DRA manager, Termination).
 
 The checkpoint (``<root>/dra_manager_state``, ``gpuslice_core.checkpoint``: atomic, versioned,
 checksummed, boot id) holds per claim: UID, drivers, the pods using it, whether it is prepared

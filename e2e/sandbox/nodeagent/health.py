@@ -1,6 +1,6 @@
 """Device health from DRA plugins, as the kubelet does it with its ResourceHealthStatus gate
-(kubelet-facts.md section 1.7): a ``NodeWatchResources`` stream per plugin endpoint, the health
-cache, and the ``allocatedResourcesStatus`` of container statuses.
+(docs/node-agent.md, "What it simulates": Device health): a ``NodeWatchResources`` stream per
+plugin endpoint, the health cache, and the ``allocatedResourcesStatus`` of container statuses.
 
 - A plugin that lists a health service in ``supported_versions`` gets a stream
   (``v1.DRAResourceHealth`` preferred when gpuslice_protos has it, else

@@ -1,7 +1,7 @@
 """The kubelet's pod resources API (``v1.PodResourcesLister``) at
 ``<root>/pod-resources/kubelet.sock``: which devices each container of the node's pods got,
-the way monitoring agents (dcgm-exporter) read them (kubelet-facts.md; the wire contract is in
-device-plugin-mig-monitoring.md section 2.5).
+the way monitoring agents (dcgm-exporter) read them (docs/node-agent.md, "What it simulates":
+Pod resources API; the wire contract is the kubelet's podresources v1 API in proto/).
 
 - ``List``: every active pod (admitted or waiting, not terminated, not rejected) with its app
   containers and restartable init containers (sidecars), as the kubelet lists them. Per

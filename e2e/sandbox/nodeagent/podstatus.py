@@ -1,5 +1,6 @@
 """Pod status as the kubelet writes it: phase, the four kubelet-owned conditions, container
-statuses (kubelet-facts.md section 4). Pure functions; the worker decides what to send.
+statuses (docs/node-agent.md, "What it simulates": Pod status). Pure functions; the worker
+decides what to send.
 
 The status is sent as a strategic-merge patch: ``conditions`` merge by ``type``, so conditions
 the kubelet does not own (PodScheduled, DisruptionTarget, readiness gates) are kept;

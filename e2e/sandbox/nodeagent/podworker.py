@@ -1,5 +1,6 @@
-"""One pod on one node, from admission to the final DELETE (kubelet-facts.md sections 1.4-1.6,
-2, 4 and 5). Each pod has a worker thread; the pod manager feeds it the latest pod object.
+"""One pod on one node, from admission to the final DELETE (docs/node-agent.md, "What it
+simulates": DRA manager, Prepare failure, Containers of a pod, Termination, Device plugins, Pod
+status). Each pod has a worker thread; the pod manager feeds it the latest pod object.
 
 Start: device-plugin allocation at admission (failure: phase Failed, UnexpectedAdmissionError)
 → DRA validation + NodePrepareResources (failure: Warning FailedPrepareDynamicResources, pod

@@ -1,4 +1,5 @@
-"""The Helm chart charts/gpuslice (shared/DESIGN.md section 5, item 3).
+"""The Helm chart charts/gpuslice (tier 3 of docs/architecture.md, "Testing tiers";
+docs/helm.md, "Tests").
 
 Without a cluster: `helm lint` (also --strict), `helm template` for every supported Kubernetes
 minor and both NVML backends, the schema refusing typos, every container's environment checked

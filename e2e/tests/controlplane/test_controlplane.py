@@ -44,7 +44,8 @@ def kubectl(
 
 
 def gpu_device(index: int, memory: str = "80Gi") -> dict[str, Any]:
-    """A whole GPU as DESIGN.md section 2 publishes it (consumable cores and memory)."""
+    """A whole GPU as the kubelet plugin publishes it, consumable cores and memory
+    (docs/kubelet-plugin.md, "Device model")."""
     return {
         "name": f"gpu-{index}",
         "allowMultipleAllocations": True,

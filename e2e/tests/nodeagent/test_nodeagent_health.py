@@ -1,4 +1,4 @@
-"""Device health in pod status (the kubelet's ResourceHealthStatus, kubelet-facts.md 1.7): the
+"""Device health in pod status (the kubelet's ResourceHealthStatus, docs/node-agent.md): the
 node agent watches the real kubelet plugin's NodeWatchResources stream and writes
 ``containerStatuses[].allocatedResourcesStatus`` through the real API server, which validates
 the field. One GPU node (two H100s on the fake NVML) serves the module; an XID injected through

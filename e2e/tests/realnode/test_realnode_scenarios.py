@@ -1,4 +1,4 @@
-"""The user-facing e2e scenarios on real kubelets (DESIGN.md section 5, tier 4).
+"""The user-facing e2e scenarios on real kubelets (tier 4: docs/real-node.md).
 
 A control plane of its own (the chart owns the DeviceClasses, which other suites create in the
 shared sandbox), three real nodes (containerd + kubelet + runc each, e2e/sandbox/realnode.py;

@@ -4,7 +4,7 @@ The kubelet plugin writes one transient spec per prepared claim into the CDI roo
 ``/var/run/cdi``) and hands the kubelet fully-qualified CDI device ids; the container runtime
 (or the sandbox's simulated kubelet, through :func:`resolve`) turns those ids into container edits.
 
-Naming (DESIGN.md §2 CDI):
+Naming (docs/cdi.md, "Naming"):
 
 - kind ``<vendor>/<class>``, by default ``k8s.gpu.gpuslice.dev/claim``;
 - device name ``<claimUID>-<device>[-<shareID>]``, qualified id ``<kind>=<device name>``;

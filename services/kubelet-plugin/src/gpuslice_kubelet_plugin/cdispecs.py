@@ -1,5 +1,5 @@
-"""What a prepared claim puts into its containers: the claim's CDI spec (DESIGN.md section 2,
-docs/cdi.md "One device, one set of edits").
+"""What a prepared claim puts into its containers: the claim's CDI spec (docs/cdi.md,
+"Naming" and "One device, one set of edits").
 
 One transient spec per claim (``gpuslice_core.cdi.ClaimSpecs``), vendor ``k8s.gpu.gpuslice.dev``,
 class ``claim``, one CDI device per allocated device, ``<claimUID>-<device>[-<shareID>]``. The

@@ -1,6 +1,6 @@
 """The node's devices as DRA sees them, discovered through the NVML interface.
 
-Device model (DESIGN.md section 2):
+Device model (docs/kubelet-plugin.md, "Device model"):
 
 - ``gpu-<index>``: a whole GPU that is not in MIG mode. ``allowMultipleAllocations``; capacity
   ``cores`` (100, request policy default 100, range 1..100 step 1) and ``memory`` (bytes, rounded
