@@ -158,6 +158,7 @@ class NodeServices:
             f"--node-name={self.name}",
             *nvml_flags(self.backend, self.nvml_config),
             "--metrics-addr=",
+            "--health-addr=",
             "--log-level=debug",
         ]
 

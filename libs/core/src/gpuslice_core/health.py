@@ -227,7 +227,9 @@ class GrpcServing:
                 self._channel = None
 
 
-def threads_alive(threads: Callable[[], Sequence[threading.Thread | None]]) -> Check:
+def threads_alive(
+    threads: Callable[[], Sequence[threading.Thread | None]],
+) -> Callable[[], list[str]]:
     """A check that every started thread ``threads()`` names is alive (None: not started)."""
 
     def check() -> list[str]:
@@ -238,7 +240,7 @@ def threads_alive(threads: Callable[[], Sequence[threading.Thread | None]]) -> C
     return check
 
 
-def combine(*checks: Check) -> Check:
+def combine(*checks: Check) -> Callable[[], list[str]]:
     """Every problem of every check, in order."""
 
     def check() -> list[str]:
