@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import socket
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +23,7 @@ from gpuslice_enforcer.server import attach_socket_for
 from gpuslice_nvml.fake import FakeNvml
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2_grpc as pb_grpc
-from gpuslice_testkit.core import http_probe
+from gpuslice_testkit.core import ServiceProcess, http_probe, wait_for
 
 NODE = 'name: n\ndriverVersion: "570.1"\nstatePath: s.json\ngpus:\n  - model: L4\n'
 
@@ -123,3 +127,40 @@ def test_health_answers_while_serving_and_503_otherwise(short_dir: Path) -> None
         app.stop(grace=1.0)
     assert app.ready() == ["stopping"]
     assert http_probe(port, "/readyz") is None
+
+
+def test_the_process_answers_readyz_until_it_stops(short_dir: Path) -> None:
+    """The real process (python -m gpuslice_enforcer): /readyz 200 once it serves, 503 or
+    closed once SIGTERM arrives (it stops the socket first, the health server last)."""
+    node = short_dir / "node.yaml"
+    node.write_text(NODE)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    proc = ServiceProcess(
+        "enforcer",
+        [
+            sys.executable,
+            "-m",
+            "gpuslice_enforcer",
+            "--nvml=fake",
+            f"--fake-nvml-config={node}",
+            f"--socket={short_dir / 'e.sock'}",
+            f"--state-dir={short_dir / 'state'}",
+            f"--mps-root={short_dir / 'mps'}",
+            "--hook-path=",
+            "--mps=off",
+            "--metrics-addr=",
+            f"--health-addr=127.0.0.1:{port}",
+        ],
+        log=short_dir / "enforcer.log",
+        ready=lambda: http_probe(port, "/readyz") == 200,
+    ).start()
+    try:
+        assert http_probe(port, "/healthz") == 200
+        os.kill(proc.pid, signal.SIGTERM)
+        wait_for(lambda: http_probe(port, "/readyz") in (503, None), 10, "not ready")
+        assert proc.wait(10) == 0
+        assert http_probe(port, "/readyz") is None
+    finally:
+        proc.stop()

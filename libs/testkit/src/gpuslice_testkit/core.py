@@ -28,14 +28,15 @@ T = TypeVar("T")
 
 
 def http_probe(port: int, path: str = "/readyz", host: str = "127.0.0.1") -> int | None:
-    """The status ``GET path`` answers (gpuslice_core.health), None when nothing listens."""
+    """The status ``GET path`` answers (gpuslice_core.health), None when nothing listens (or
+    the server went away mid-answer, as a stopping one does)."""
     conn = http.client.HTTPConnection(host, port, timeout=5)
     try:
         conn.request("GET", path)
         reply = conn.getresponse()
         reply.read()
         return reply.status
-    except ConnectionRefusedError:
+    except ConnectionError:
         return None
     finally:
         conn.close()
