@@ -22,6 +22,7 @@ import functools
 import http.client
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -177,6 +178,7 @@ def main() -> int:
     finally:
         for proc in procs.values():
             proc.stop()
+        shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(result, indent=2))
     return 0
 
