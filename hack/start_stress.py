@@ -115,7 +115,13 @@ def _https_ready(port: int) -> Callable[[], bool]:
 def services(root: Path, kubeconfig: Path | None) -> dict[str, Service]:
     """The start command and readiness check of each service, on a fake node under ``root``."""
     nvml = write_node(root, {"gpus": [{"model": "H100", "count": 2}]}, "stress-node")
-    fake = ["--nvml=fake", f"--fake-nvml-config={nvml}", "--metrics-addr=", "--log-level=info"]
+    fake = [
+        "--nvml=fake",
+        f"--fake-nvml-config={nvml}",
+        "--metrics-addr=",
+        "--health-addr=",
+        "--log-level=info",
+    ]
     dp_dir, run = root / "device-plugins", root / "run"
     dp_dir.mkdir(parents=True, exist_ok=True)
     run.mkdir(parents=True, exist_ok=True)

@@ -52,6 +52,7 @@ from e2e.sandbox.procs import Proc
 from gpuslice_core.grpcserver import check_health
 from gpuslice_kube.raw import RawApi
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2_grpc, migmanager_pb2_grpc
+from gpuslice_testkit.core import http_probe
 from gpuslice_testkit.enforcer import stop_mps_daemons
 from gpuslice_testkit.kubelet_plugin.harness import write_node
 from gpuslice_testkit.nvml_mock import NvmlBackend, nvml_env, nvml_flags
@@ -82,6 +83,8 @@ class NodeServices:
     mig_manager_args: list[str] = field(default_factory=list)
     backend: NvmlBackend = "fake"
     running: dict[str, Proc] = field(default_factory=dict)
+    #: Each running service's /healthz and /readyz port on loopback (gpuslice_core.health).
+    health_ports: dict[str, int] = field(default_factory=dict)
 
     # -- paths ----------------------------------------------------------------------------
     @property
@@ -153,18 +156,20 @@ class NodeServices:
             raise
         return services
 
-    def _common(self) -> list[str]:
+    def _common(self, service: str) -> list[str]:
+        self.health_ports[service] = procs.free_port()
         return [
             f"--node-name={self.name}",
             *nvml_flags(self.backend, self.nvml_config),
             "--metrics-addr=",
+            f"--health-addr={procs.LOOPBACK}:{self.health_ports[service]}",
             "--log-level=debug",
         ]
 
     def start_enforcer(self, timeout: float = 30) -> Proc:
         argv = [
             *_console("gpuslice-enforcer", "gpuslice_enforcer"),
-            *self._common(),
+            *self._common("enforcer"),
             f"--socket={self.enforcer_socket}",
             f"--state-dir={self.root / 'enforcer'}",
             f"--mps-root={self.root / 'mps'}",
@@ -176,7 +181,7 @@ class NodeServices:
     def start_mig_manager(self, timeout: float = 30) -> Proc:
         argv = [
             *_console("gpuslice-mig-manager", "gpuslice_mig_manager"),
-            *self._common(),
+            *self._common("mig-manager"),
             f"--kubeconfig={self.kubeconfig}",
             f"--socket={self.mig_manager_socket}",
             f"--state-dir={self.root / 'mig-manager'}",
@@ -199,7 +204,9 @@ class NodeServices:
                 raise ServiceStartError(
                     f"{service} exited with {proc.returncode()}:\n{proc.log_tail()}"
                 )
-            if socket.exists() and check_health(socket, timeout=1):
+            # ready as the chart's start-up probe sees it: /readyz (the socket SERVING) is 200
+            if http_probe(self.health_ports[service], "/readyz") == 200:
+                assert check_health(socket, timeout=1), f"{service}: /readyz 200, socket not"
                 return proc
             if time.monotonic() > deadline:
                 raise ServiceStartError(

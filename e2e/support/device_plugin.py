@@ -68,6 +68,7 @@ def start_plugin(
         f"--node-name={agent.name}",
         f"--kubeconfig={kubeconfig}",
         "--metrics-addr=",
+        "--health-addr=",
         "--log-level=debug",
         *extra,
     ]

@@ -176,24 +176,38 @@ e2e/manifests/mig-configs.yaml, kept equal by e2e/tests/chart/test_chart.py). */
 {{- end }}
 
 
-{{/* Start-up, liveness and readiness probes of one container from one probe action; call
-with (dict "probe" <action> "values" <service>.probe). Start-up allows 2 minutes. */}}
+{{/* Start-up, liveness and readiness probes of one container: httpGet on the service's own
+health server (gpuslice_core.health, --health-addr = HEALTH_ADDR on <service>.probe.port) —
+liveness /healthz, readiness and start-up /readyz; no interpreter starts in the container.
+Call with <service>.probe. Start-up allows 2 minutes. */}}
 {{- define "gpuslice.probes" -}}
 startupProbe:
-  {{- toYaml .probe | nindent 2 }}
+  httpGet:
+    path: /readyz
+    port: {{ .port }}
   periodSeconds: 2
-  timeoutSeconds: {{ .values.timeoutSeconds }}
+  timeoutSeconds: {{ .timeoutSeconds }}
   failureThreshold: 60
 livenessProbe:
-  {{- toYaml .probe | nindent 2 }}
-  periodSeconds: {{ .values.periodSeconds }}
-  timeoutSeconds: {{ .values.timeoutSeconds }}
-  failureThreshold: {{ .values.failureThreshold }}
+  httpGet:
+    path: /healthz
+    port: {{ .port }}
+  periodSeconds: {{ .periodSeconds }}
+  timeoutSeconds: {{ .timeoutSeconds }}
+  failureThreshold: {{ .failureThreshold }}
 readinessProbe:
-  {{- toYaml .probe | nindent 2 }}
-  periodSeconds: {{ .values.periodSeconds }}
-  timeoutSeconds: {{ .values.timeoutSeconds }}
-  failureThreshold: {{ .values.failureThreshold }}
+  httpGet:
+    path: /readyz
+    port: {{ .port }}
+  periodSeconds: {{ .periodSeconds }}
+  timeoutSeconds: {{ .timeoutSeconds }}
+  failureThreshold: {{ .failureThreshold }}
+{{- end }}
+
+{{/* The HEALTH_ADDR variable of a node service from <service>.probe. */}}
+{{- define "gpuslice.healthEnv" -}}
+- name: HEALTH_ADDR
+  value: {{ printf ":%d" (int .port) | quote }}
 {{- end }}
 
 {{/* What a change of rolls the node pods: the fake node (layouts are watched live by the MIG

@@ -75,6 +75,27 @@ NODE_EXTRA = "Impersonate-Extra-authentication.kubernetes.io%2fnode-name"
 
 
 # ---- lint and template ------------------------------------------------------------------------
+
+#: The node services' health servers (gpuslice_core.health): container, port, port name.
+HEALTH_PORTS = (
+    ("kubelet-plugin", 9410, "plugin-health"),
+    ("enforcer", 9412, "enforcer-health"),
+    ("mig-manager", 9413, "mig-health"),
+)
+
+
+def assert_http_probes(c: Obj, port: int, port_name: str) -> None:
+    """Liveness /healthz, readiness and start-up /readyz, httpGet on the container's health
+    port, which HEALTH_ADDR names and the container declares; no exec probe."""
+    name = c["name"]
+    paths = {"startupProbe": "/readyz", "livenessProbe": "/healthz", "readinessProbe": "/readyz"}
+    for probe, path in paths.items():
+        assert c[probe]["httpGet"] == {"path": path, "port": port}, f"{name} {probe}"
+        assert "exec" not in c[probe], f"{name} {probe}"
+    assert env_of(c)["HEALTH_ADDR"] == f":{port}", name
+    assert {"name": port_name, "containerPort": port, "protocol": "TCP"} in c["ports"], name
+
+
 def test_lint_passes_also_strict(helm_bin: Path) -> None:
     for args in ([], ["--strict"], ["--strict", "--set", "nvml.backend=fake"]):
         out = helm(helm_bin, "lint", str(CHART), *args, check=False)
@@ -137,18 +158,10 @@ def test_renders_for_each_kubernetes_minor_and_backend(
     assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert env["NVML_BACKEND"] == backend
     assert plugin["securityContext"] == {"privileged": True}
-    for name in ("kubelet-plugin", "enforcer", "mig-manager"):
+    # httpGet on each service's own health server: no probe starts an interpreter
+    for name, port, port_name in HEALTH_PORTS:
         c = byname[name]
-        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
-            assert "exec" in c[probe], f"{name} {probe}"
-    assert byname["kubelet-plugin"]["livenessProbe"]["exec"]["command"] == [
-        "gpuslice-kubelet-plugin",
-        "--probe",
-    ]
-    assert byname["mig-manager"]["livenessProbe"]["exec"]["command"] == [
-        "gpuslice-mig-manager",
-        "--probe",
-    ]
+        assert_http_probes(c, port, port_name)
     host_paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
     assert {
         "/var/lib/kubelet/plugins_registry",
@@ -636,7 +649,9 @@ def test_device_plugin_daemonset_runs_on_device_plugin_nodes_only(
     byname = containers(objs, "device-plugin")
     plugin = byname["device-plugin"]
     assert plugin["securityContext"] == {"privileged": True}
-    assert plugin["livenessProbe"]["exec"]["command"] == ["gpuslice-device-plugin", "--probe"]
+    assert_http_probes(plugin, 9414, "dp-health")
+    if "enforcer" in byname:  # devicePlugin.enforcer.enabled (MPS replicas)
+        assert_http_probes(byname["enforcer"], 9412, "enforcer-health")
     assert {"name": "device-plugin", "containerPort": 9404, "protocol": "TCP"} in plugin["ports"]
     mounts = {m["name"]: m["mountPath"] for m in plugin["volumeMounts"]}
     volumes = {v["name"]: v for v in spec["volumes"]}
@@ -687,7 +702,8 @@ def test_device_plugin_daemonset_runs_on_device_plugin_nodes_only(
     )
     assert env_of(quiet["device-plugin"])["METRICS_ADDR"] == ""
     assert env_of(quiet["device-plugin"])["POD_RESOURCES_SOCKET"] == ""
-    assert "ports" not in quiet["device-plugin"]
+    # no metrics port; the health port stays (the probes)
+    assert [p["name"] for p in quiet["device-plugin"]["ports"]] == ["dp-health"]
     assert "pod-resources" not in {m["name"] for m in quiet["device-plugin"]["volumeMounts"]}
     no_pods = render(helm_bin, *sets("devicePlugin.containerMetrics.enabled=false"))
     assert "hostPID" not in pod_spec(no_pods, "device-plugin")

@@ -84,6 +84,7 @@ def test_an_unknown_config_key_stops_start_up_naming_it(tmp_path: Path) -> None:
             f"--device-plugins-dir={tmp_path / 'dp'}",
             f"--config-file={config}",
             "--metrics-addr=",
+            "--health-addr=",
             "--mode-check=false",  # no API server needed to refuse a config
         ],
         capture_output=True,

@@ -14,6 +14,7 @@ from e2e.support.kubelet_plugin import ClaimMaker
 from gpuslice_draplugin import Sockets, probe
 from gpuslice_protos.kubelet.pluginregistration.v1 import api_pb2 as reg
 from gpuslice_protos.kubelet.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from gpuslice_testkit.core import http_probe
 from gpuslice_testkit.kubelet_plugin.dra import ref, result
 from gpuslice_testkit.kubelet_plugin.harness import Harness, Running
 from gpuslice_testkit.kubelet_plugin.standins import StandinEnforcer
@@ -122,3 +123,21 @@ def test_stop_lets_an_in_flight_prepare_finish(
         assert not plugin.settings.sockets.dra.exists()
     finally:
         enforcer.stop()
+
+
+def test_healthz_and_readyz_follow_the_sockets(harness: Harness) -> None:
+    """/readyz: what --probe checks (both sockets end to end), from the plugin's own process;
+    /healthz: the DRA socket answers; 503 on /readyz once stopping, the port closed after."""
+    plugin = harness.start(health_addr="127.0.0.1:0")
+    port = plugin.app.health_port
+    assert port is not None
+    assert http_probe(port, "/readyz") == 200
+    assert http_probe(port, "/healthz") == 200
+    plugin.app.helper.server.stop_registration()  # the kubelet cannot reach us: not ready
+    assert http_probe(port, "/readyz") == 503
+    assert http_probe(port, "/healthz") == 200  # ...but alive: no restart for that
+    plugin.app.helper.server.start_registration()
+    wait_for(lambda: http_probe(port, "/readyz") == 200, 5, "ready again")
+    plugin.stop()
+    assert plugin.app.ready() == ["stopping"]
+    assert http_probe(port, "/readyz") is None

@@ -73,6 +73,7 @@ def mig_manager(
             f"--state-dir={tmp_path / 'state'}",
             f"--socket={socket}",
             "--metrics-addr=",
+            "--health-addr=",
             "--retry-initial=0.2",
             "--retry-max=1",
             "--reconcile-interval=0",

@@ -6,6 +6,7 @@ CDI hook run as runc runs it)."""
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 
 import pytest
@@ -38,6 +39,7 @@ from gpuslice_kube.raw import Obj, RawApi, resource_path
 from gpuslice_nvml import open_nvml
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as epb
 from gpuslice_protos.gpuslice.v1 import migmanager_pb2 as mpb
+from gpuslice_testkit.core import http_probe
 
 pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
 pytestmark = pytest.mark.timeout(90)
@@ -283,3 +285,24 @@ def test_dynamic_mig_instances_come_from_the_real_mig_manager(
     for name in ("over", "big", "mid"):
         wait_pod_gone(kube, namespace, name)
     wait_for(lambda: _mig_instances(mig_pod) == [], 15, "the instances destroyed")
+
+
+def test_the_sidecars_answer_the_charts_http_probes(mig_pod: NodePod) -> None:
+    """The enforcer and the MIG manager serve /healthz and /readyz as the chart probes them
+    (httpGet, no interpreter started): 200 while they serve; a stopped MIG manager answers
+    503 or nothing, and the enforcer next to it stays ready."""
+    ports = mig_pod.services.health_ports
+    for service in ("enforcer", "mig-manager"):
+        assert http_probe(ports[service], "/readyz") == 200, service
+        assert http_probe(ports[service], "/healthz") == 200, service
+    mig_pod.services.running["mig-manager"].signal_group(signal.SIGTERM)
+    wait_for(
+        lambda: http_probe(ports["mig-manager"], "/readyz") in (503, None),
+        10,
+        "the stopping MIG manager to leave readiness",
+    )
+    wait_for(
+        lambda: not mig_pod.services.running["mig-manager"].alive(), 15, "the MIG manager gone"
+    )
+    assert http_probe(ports["mig-manager"], "/readyz") is None
+    assert http_probe(ports["enforcer"], "/readyz") == 200

@@ -11,15 +11,18 @@ import grpc
 import pytest
 
 from gpuslice_core.grpcserver import UnixGrpcServer
+from gpuslice_core.health import HealthServer
 from gpuslice_device_plugin.allocate import Topology
+from gpuslice_device_plugin.cli import probe
 from gpuslice_device_plugin.devices import discover
 from gpuslice_device_plugin.health import HealthTracker
 from gpuslice_device_plugin.metrics import Metrics
+from gpuslice_device_plugin.run import Probes
 from gpuslice_device_plugin.server import PluginManager
 from gpuslice_nvml import HealthEvent, HealthEventKind, Nvml
 from gpuslice_protos.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from gpuslice_protos.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
-from gpuslice_testkit.core import wait_for
+from gpuslice_testkit.core import http_probe, wait_for
 from gpuslice_testkit.device_plugin import H100X8_NVLINK, Kubelet, settings
 
 pytestmark = pytest.mark.timeout(30)
@@ -169,3 +172,33 @@ def test_register_is_retried_until_the_kubelet_is_there(
         manager.stop()
         manager.health.stop()
         kubelet.stop()
+
+
+def test_probes_follow_the_served_sockets(fake_node: Factory, short_dir: Path) -> None:
+    """/readyz (run.Probes): 503 before any resource serves, 200 while every socket answers
+    SERVING (what --probe checks), 503 once one stops and when the plugin stops; /healthz: the
+    kubelet watch runs."""
+    nvml = fake_node(H100X8_NVLINK)
+    probes = Probes()
+    server = HealthServer("127.0.0.1:0", live=probes.live, ready=probes.ready).start()
+    manager: PluginManager | None = None
+    try:
+        assert http_probe(server.port, "/readyz") == 503
+        assert http_probe(server.port, "/healthz") == 200
+        manager = start_manager(nvml, short_dir)
+        probes.manager = manager
+        assert http_probe(server.port, "/readyz") == 200
+        assert http_probe(server.port, "/healthz") == 200
+        assert probe(short_dir) == 0  # --probe agrees
+        first = manager.endpoints[0].server
+        assert first is not None
+        first.health.enter_graceful_shutdown()
+        assert http_probe(server.port, "/readyz") == 503
+        probes.stopping = True
+        assert probes.ready() == ["stopping"]
+    finally:
+        if manager is not None:
+            manager.stop()
+            manager.health.stop()
+        probes.close()
+        server.stop()

@@ -24,6 +24,7 @@ FLAGS = {
     "--plugins-dir": "PLUGINS_DIR",
     "--state-dir": "STATE_DIR",
     "--metrics-addr": "METRICS_ADDR",
+    "--health-addr": "HEALTH_ADDR",
     "--enforcer-socket": "ENFORCER_SOCKET",
     "--mig-manager-socket": "MIG_MANAGER_SOCKET",
     "--dynamic-mig": "DYNAMIC_MIG",

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuslice_mig_manager.cli import build_parser, main
-from gpuslice_testkit.core import preserved_logging
+from gpuslice_mig_manager.app import MigManagerApp
+from gpuslice_mig_manager.cli import Settings, build_parser, main
+from gpuslice_nvml.fake import FakeNvml
+from gpuslice_testkit.core import http_probe, preserved_logging
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -28,6 +30,7 @@ FLAGS = {
     "--state-dir": "STATE_DIR",
     "--socket": "MIG_MANAGER_SOCKET",
     "--metrics-addr": "METRICS_ADDR",
+    "--health-addr": "HEALTH_ADDR",
     "--config-file": "MIG_CONFIG_FILE",
     "--config-map": "MIG_CONFIG_MAP",
     "--dynamic-mig": "DYNAMIC_MIG",
@@ -86,3 +89,32 @@ def test_fake_nvml_needs_a_config(tmp_path: Path, capsys: pytest.CaptureFixture[
 
 def test_probe_fails_without_a_server(short_dir: Path) -> None:
     assert main(["--probe", f"--socket={short_dir / 'none.sock'}"]) == 1
+
+
+def test_health_follows_the_socket_and_the_app(
+    short_dir: Path, node_config: Path, fake: FakeNvml
+) -> None:
+    """/readyz: what --probe checks (the socket SERVING), 503 while starting and stopping;
+    /healthz: the socket answers and the reconciler runs; the port closes with the app."""
+    settings = Settings(
+        nvml="fake",
+        fake_nvml_config=str(node_config),
+        state_dir=short_dir / "state",
+        socket=short_dir / "mm.sock",
+        health_addr="127.0.0.1:0",
+        reconcile_interval=3600,
+    )
+    app = MigManagerApp(settings, fake, None)
+    assert app.ready() == ["starting"] and app.live() == []
+    app.start()
+    port = app.health_server.port if app.health_server else 0
+    try:
+        assert http_probe(port, "/readyz") == 200
+        assert http_probe(port, "/healthz") == 200
+        assert main(["--probe", f"--socket={settings.socket}"]) == 0  # the same meaning
+        app.server.health.enter_graceful_shutdown()
+        assert http_probe(port, "/readyz") == 503
+    finally:
+        app.stop()
+    assert app.ready() == ["stopping"]
+    assert http_probe(port, "/readyz") is None

@@ -73,6 +73,7 @@ class Launcher:
             f"--state-dir={self.state_dir}",
             f"--socket={self.socket}",
             "--metrics-addr=",
+            "--health-addr=",
             "--dynamic-mig",
             "--reconcile-interval=0",
         ]

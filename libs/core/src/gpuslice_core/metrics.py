@@ -151,12 +151,13 @@ class OperationMetrics:
             self.duration.labels(result=result).observe(time.perf_counter() - start)
 
 
-def parse_addr(addr: str) -> tuple[str, int]:
-    """Split ``host:port`` (``:9400`` means all interfaces); raise ValueError naming the flag."""
+def parse_addr(addr: str, flag: str = "--metrics-addr") -> tuple[str, int]:
+    """Split ``host:port`` (``:9400`` means all interfaces); raise ValueError naming ``flag``
+    (the health server's ``--health-addr`` takes the same form)."""
     host, sep, port = addr.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"--metrics-addr {addr!r} must be HOST:PORT, e.g. :9400 or 127.0.0.1:9400")
-    return host.strip("[]") or "0.0.0.0", int(port)  # noqa: S104 - a node daemon's metrics port
+        raise ValueError(f"{flag} {addr!r} must be HOST:PORT, e.g. :9400 or 127.0.0.1:9400")
+    return host.strip("[]") or "0.0.0.0", int(port)  # noqa: S104 - a node daemon's own port
 
 
 def serve(addr: str, registry: CollectorRegistry = REGISTRY) -> WSGIServer:

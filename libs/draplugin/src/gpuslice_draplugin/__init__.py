@@ -24,7 +24,7 @@ from gpuslice_draplugin.plugin import (
     PreparedDevice,
     PrepareResult,
 )
-from gpuslice_draplugin.server import Sockets, probe
+from gpuslice_draplugin.server import Prober, Sockets, probe
 
 __all__ = [
     "ClaimCache",
@@ -37,6 +37,7 @@ __all__ = [
     "Pool",
     "PrepareResult",
     "PreparedDevice",
+    "Prober",
     "ResourceApi",
     "ServerInfo",
     "Sockets",

@@ -13,8 +13,9 @@
 - ``stop()``: the registration socket goes first (no new kubelet connections), then the DRA
   server stops accepting calls, lets in-flight ones finish within the grace period and removes
   its socket.
-- ``probe()``: what a liveness probe runs — GetInfo over the registration socket and an empty
-  NodePrepareResources over the DRA socket, end to end.
+- ``probe()``: what ``--probe`` runs — GetInfo over the registration socket and an empty
+  NodePrepareResources over the DRA socket, end to end; ``Prober`` runs the same over channels
+  it keeps open, for the plugin's own ``/readyz``.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+from grpc_health.v1 import health_pb2 as ghealth_pb2
+from grpc_health.v1 import health_pb2_grpc as ghealth_grpc
 
-from gpuslice_core.grpcserver import UnixGrpcServer, check_health
+from gpuslice_core.grpcserver import UnixGrpcServer
 from gpuslice_core.logging import get_logger
 from gpuslice_draplugin import servicer as svc
 from gpuslice_draplugin.metrics import HelperMetrics
@@ -195,25 +198,72 @@ class KubeletServer:
         log.info("stopped serving the kubelet", driver=self.driver)
 
 
-def probe(sockets: Sockets, *, timeout: float = 5.0) -> list[str]:
-    """Problems found over both sockets, end to end; empty when all is well."""
-    problems = []
-    with grpc.insecure_channel(f"unix://{sockets.registration}") as channel:
+class Prober:
+    """The probe's three calls over channels kept open between probes: what a readiness check
+    in the plugin's own process runs every few seconds (``gpuslice_core.health``) — one small
+    call per socket instead of a new interpreter. A failed probe drops the channels, so the
+    next one dials afresh rather than waiting out gRPC's reconnect backoff."""
+
+    def __init__(self, sockets: Sockets, *, timeout: float = 5.0) -> None:
+        self.sockets = sockets
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._channels: tuple[grpc.Channel, grpc.Channel] | None = None
+
+    def _open(self) -> tuple[grpc.Channel, grpc.Channel]:
+        with self._lock:
+            if self._channels is None:
+                self._channels = (
+                    grpc.insecure_channel(f"unix://{self.sockets.registration}"),
+                    grpc.insecure_channel(f"unix://{self.sockets.dra}"),
+                )
+            return self._channels
+
+    def __call__(self) -> list[str]:
+        """Problems found over both sockets, end to end; empty when all is well."""
+        sockets, timeout = self.sockets, self.timeout
+        registration, dra = self._open()
+        problems = []
         try:
-            info = reg_grpc.RegistrationStub(channel).GetInfo(reg.InfoRequest(), timeout=timeout)
+            info = reg_grpc.RegistrationStub(registration).GetInfo(
+                reg.InfoRequest(), timeout=timeout
+            )
             if info.endpoint != str(sockets.dra):
                 problems.append(f"registration names endpoint {info.endpoint}, not {sockets.dra}")
         except grpc.RpcError as exc:
             problems.append(f"GetInfo on {sockets.registration}: {exc.code().name} {exc.details()}")
-    with grpc.insecure_channel(f"unix://{sockets.dra}") as channel:
         try:
-            v1_grpc.DRAPluginStub(channel).NodePrepareResources(
+            v1_grpc.DRAPluginStub(dra).NodePrepareResources(
                 v1.NodePrepareResourcesRequest(), timeout=timeout
             )
         except grpc.RpcError as exc:
             problems.append(
                 f"NodePrepareResources on {sockets.dra}: {exc.code().name} {exc.details()}"
             )
-    if not problems and not check_health(sockets.dra, timeout=timeout):
-        problems.append(f"grpc.health.v1 on {sockets.dra} is not SERVING")
-    return problems
+        if not problems:
+            try:
+                status = ghealth_grpc.HealthStub(dra).Check(
+                    ghealth_pb2.HealthCheckRequest(), timeout=timeout
+                )
+                if status.status != ghealth_pb2.HealthCheckResponse.SERVING:
+                    problems.append(f"grpc.health.v1 on {sockets.dra} is not SERVING")
+            except grpc.RpcError:
+                problems.append(f"grpc.health.v1 on {sockets.dra} is not SERVING")
+        if problems:
+            self.close()
+        return problems
+
+    def close(self) -> None:
+        with self._lock:
+            channels, self._channels = self._channels, None
+        for channel in channels or ():
+            channel.close()
+
+
+def probe(sockets: Sockets, *, timeout: float = 5.0) -> list[str]:
+    """Problems found over both sockets, end to end; empty when all is well."""
+    prober = Prober(sockets, timeout=timeout)
+    try:
+        return prober()
+    finally:
+        prober.close()

@@ -5,11 +5,13 @@ when it fails to come up), waits until it is ready, and stops it gracefully (SIG
 crash would (SIGKILL). ``wait_for`` polls a condition with a deadline instead of sleeping and
 hoping. ``preserved_logging`` undoes what a service's ``main`` run in-process did to logging.
 ``at_once`` starts calls together, as a burst of clients would, and times each.
+``http_probe`` asks a service's ``/healthz`` or ``/readyz`` as the kubelet's httpGet would.
 """
 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import logging
 import os
 import signal
@@ -23,6 +25,21 @@ from typing import Self, TypeVar
 import structlog
 
 T = TypeVar("T")
+
+
+def http_probe(port: int, path: str = "/readyz", host: str = "127.0.0.1") -> int | None:
+    """The status ``GET path`` answers (gpuslice_core.health), None when nothing listens (or
+    the server went away mid-answer, as a stopping one does)."""
+    conn = http.client.HTTPConnection(host, port, timeout=5)
+    try:
+        conn.request("GET", path)
+        reply = conn.getresponse()
+        reply.read()
+        return reply.status
+    except ConnectionError:
+        return None
+    finally:
+        conn.close()
 
 
 def at_once(calls: Sequence[Callable[[], object]]) -> tuple[list[float], float]:

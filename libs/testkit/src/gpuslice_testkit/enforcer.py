@@ -297,6 +297,7 @@ class EnforcerProcess(ServiceProcess):
             f"--mps-root={self.mps_root}",
             f"--hook-path={hook_path(self.hook)}",
             "--metrics-addr=",
+            "--health-addr=",
             "--log-level=debug",
             *self.extra_args,
         ]

@@ -225,6 +225,15 @@ def build_parser() -> EnvArgumentParser:
         help="HOST:PORT of the Prometheus /metrics endpoint; an empty value turns it off.",
     )
     p.add_flag(
+        "--health-addr",
+        env="HEALTH_ADDR",
+        default=":9414",
+        help=(
+            "HOST:PORT of /healthz (the plugin's kubelet watch runs) and /readyz (every resource's"
+            " socket answers SERVING, as --probe) for httpGet probes; an empty value turns it off."
+        ),
+    )
+    p.add_flag(
         "--pod-resources-socket",
         env="POD_RESOURCES_SOCKET",
         default=DEFAULT_POD_RESOURCES_SOCKET,

@@ -251,6 +251,7 @@ class CommandLine:
     enforcer_socket: str | None
     fail_on_init_error: bool | None
     fake_nvml_config: str | None
+    health_addr: str
     health_check_interval: float
     health_recovery: bool
     ignored_xids: frozenset[int]

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from gpuslice_core import metrics as core_metrics
 from gpuslice_core.errors import GpusliceError
+from gpuslice_core.health import GrpcServing, threads_alive
+from gpuslice_core.health import serve as serve_health
 from gpuslice_core.logging import get_logger
 from gpuslice_device_plugin.allocate import Topology, container_response
 from gpuslice_device_plugin.cdispec import write_spec
@@ -208,12 +210,74 @@ REFUSED_CONFIG_REASON = "DevicePluginConfigRefused"
 RELOADED_REASON = "DevicePluginConfigReloaded"
 
 
+class Probes:
+    """``/healthz`` and ``/readyz`` (gpuslice_core.health), served from the start of ``run``:
+    a plugin still discovering its devices, or waiting without any, answers 503 on /readyz.
+
+    - ``/healthz``: the kubelet watch (re-serves and re-registers the sockets) is alive.
+    - ``/readyz``: what ``--probe`` checks — there is a resource and every resource's socket
+      answers grpc.health.v1 SERVING — over channels kept open between probes.
+    """
+
+    def __init__(self) -> None:
+        self.manager: PluginManager | None = None
+        self.stopping = False
+        self._serving: dict[Path, GrpcServing] = {}
+
+    def live(self) -> list[str]:
+        manager = self.manager
+        if manager is None or self.stopping:
+            return []
+        return threads_alive(lambda: [manager.thread])()
+
+    def ready(self) -> list[str]:
+        if self.stopping:
+            return ["stopping"]
+        manager = self.manager
+        if manager is None:
+            return ["no device served (starting, or none found)"]
+        sockets = [manager.socket(ep.resource) for ep in list(manager.endpoints)]
+        if not sockets:
+            return ["no device served"]
+        problems: list[str] = []
+        for socket in sockets:
+            check = self._serving.get(socket)
+            if check is None:
+                check = self._serving[socket] = GrpcServing(socket)
+            problems += check()
+        return problems
+
+    def close(self) -> None:
+        for check in self._serving.values():
+            check.close()
+
+
 def run(
     args: CommandLine,
     settings: Settings,
     node: KubeNode | None,
     control: Control,
     labels: dict[str, str] | None = None,
+) -> int:
+    """The plugin until a stop signal, with its /healthz and /readyz (``--health-addr``)."""
+    probes = Probes()
+    server = serve_health(args.health_addr, live=probes.live, ready=probes.ready)
+    try:
+        return _run(args, settings, node, control, labels, probes)
+    finally:
+        probes.stopping = True
+        probes.close()
+        if server is not None:
+            server.stop()
+
+
+def _run(
+    args: CommandLine,
+    settings: Settings,
+    node: KubeNode | None,
+    control: Control,
+    labels: dict[str, str] | None,
+    probes: Probes,
 ) -> int:
     try:
         nvml, resources = _init(args, settings)
@@ -286,6 +350,7 @@ def run(
     health.start()
     try:
         manager.start()
+        probes.manager = manager
         watchers.start()
         while True:
             signum, reasons = control.next()
@@ -297,6 +362,7 @@ def run(
             except Exception:  # a bug in a reload must not take down what serves
                 log.exception("reload failed; the previous config keeps serving")
     finally:
+        probes.stopping = True
         watchers.stop()
         manager.stop()
         health.stop()

@@ -253,6 +253,11 @@ class PluginManager:
                         self._serve(ep)
                 self._register_due()
 
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The kubelet watch once started (a liveness check asks whether it still runs)."""
+        return self._thread
+
     def all_registered(self) -> bool:
         with self._lock:
             return all(ep.registered for ep in self.endpoints)

@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 
 from gpuslice_core.errors import GpusliceError
 from gpuslice_core.grpcserver import StopSignals
+from gpuslice_core.health import GrpcServing, HealthServer, threads_alive
 from gpuslice_core.logging import get_logger
 from gpuslice_core.metrics import serve
 from gpuslice_enforcer.cgroups import CgroupView
@@ -86,11 +87,40 @@ class EnforcerApp:
         # that sees the gRPC socket finds this one too.
         self.attach_socket = AttachSocketServer(attach_socket_for(config.socket), containers)
         self._metrics_server: WSGIServer | None = None
+        self._health_server: HealthServer | None = None
+        self._serving = GrpcServing(config.socket)
+        self._threads = threads_alive(lambda: [self.watchdog.thread])
+        self._started = False
+        self._stopping = False
+
+    # ---- probes ----------------------------------------------------------------------------
+    def live(self) -> list[str]:
+        """``/healthz``: the gRPC socket answers its health check and the watchdog samples."""
+        if not self._started or self._stopping:
+            return []
+        return self._serving() + self._threads()
+
+    def ready(self) -> list[str]:
+        """``/readyz``: the gRPC socket's health service is SERVING (what the chart's exec
+        probe asked with ``check_health`` before)."""
+        if self._stopping:
+            return ["stopping"]
+        if not self._started:
+            return ["starting"]
+        return self._serving()
+
+    @property
+    def health_port(self) -> int | None:
+        return self._health_server.port if self._health_server else None
 
     def _mps_restarted(self, daemon: DaemonRecord) -> None:
         self.metrics.mps_restarts.labels(device=daemon.gpu_uuid).inc()
 
     def start(self) -> None:
+        if self.settings.health_addr:  # first: the start-up probe answers 503, not refused
+            self._health_server = HealthServer(
+                self.settings.health_addr, live=self.live, ready=self.ready
+            ).start()
         self.shares.start()
         _, shares = self.shares.snapshot()
         for share in shares:
@@ -99,6 +129,7 @@ class EnforcerApp:
         self.supervisor.start()
         self.attach_socket.start()
         self.server.start()
+        self._started = True
         log.info(
             "enforcer started",
             socket=str(self.settings.enforcement.socket),
@@ -109,6 +140,7 @@ class EnforcerApp:
             self._metrics_server = serve(self.settings.metrics_addr, self.metrics.registry)
 
     def stop(self, grace: float = 5.0) -> None:
+        self._stopping = True
         self.server.stop(grace)
         self.attach_socket.stop()
         self.supervisor.stop()
@@ -118,6 +150,9 @@ class EnforcerApp:
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
+        self._serving.close()
+        if self._health_server is not None:  # last: /readyz said "stopping" until now
+            self._health_server.stop()
         log.info("enforcer stopped")
 
 

@@ -38,6 +38,7 @@ class Settings:
     node_name: str = ""
     #: HOST:PORT of the Prometheus endpoint; empty: none.
     metrics_addr: str = ""
+    health_addr: str = ""  # /healthz and /readyz (gpuslice_core.health); empty = off
     log_level: str = "info"
     nvml: str = "real"
     fake_nvml_config: str | None = None
@@ -92,6 +93,13 @@ def build_parser() -> EnvArgumentParser:
         env="METRICS_ADDR",
         default=":9402",
         help="HOST:PORT to serve Prometheus metrics on; empty disables them.",
+    )
+    p.add_flag(
+        "--health-addr",
+        env="HEALTH_ADDR",
+        default=":9412",
+        help="HOST:PORT of /healthz (the gRPC socket answers, the watchdog runs) and /readyz "
+        "(the socket's health service is SERVING) for httpGet probes; empty disables them.",
     )
     p.add_flag(
         "--log-level",
@@ -222,6 +230,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         enforcement=enforcement,
         node_name=args.node_name,
         metrics_addr=args.metrics_addr,
+        health_addr=args.health_addr,
         log_level=args.log_level,
         nvml=args.nvml,
         fake_nvml_config=args.fake_nvml_config,

@@ -193,6 +193,11 @@ class Watchdog:
         self._thread = threading.Thread(target=self._run, name="watchdog", daemon=True)
         self._thread.start()
 
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The sampling thread once started (a liveness check asks whether it still runs)."""
+        return self._thread
+
     def stop(self) -> None:
         """Stop sampling and thaw everything this watchdog may have frozen."""
         self._stop.set()

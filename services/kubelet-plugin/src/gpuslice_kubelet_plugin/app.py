@@ -28,8 +28,9 @@ from gpuslice_core.cdi import ClaimSpecs
 from gpuslice_core.driverroot import DriverRoot
 from gpuslice_core.errors import GpusliceError
 from gpuslice_core.grpcserver import StopSignals
+from gpuslice_core.health import GrpcServing, HealthServer
 from gpuslice_core.metrics import serve
-from gpuslice_draplugin import ClaimCache, ResourceApi, detect
+from gpuslice_draplugin import ClaimCache, Prober, ResourceApi, detect
 from gpuslice_kube.client import new_api_client
 from gpuslice_kube.raw import RawApi
 from gpuslice_kubelet_plugin import __version__
@@ -63,6 +64,10 @@ class KubeletPluginApp:
         self.metrics = PluginMetrics()
         self._stop = threading.Event()
         self._metrics_server: WSGIServer | None = None
+        self._health_server: HealthServer | None = None
+        self._started = False
+        self._serving = GrpcServing(s.sockets.dra)
+        self._prober = Prober(s.sockets, timeout=0.5)
         self._publish_lock = threading.Lock()
         self.enforcer: Enforcer = (
             GrpcEnforcer(s.enforcer_socket) if s.enforcer_socket else NoEnforcer()
@@ -169,9 +174,29 @@ class KubeletPluginApp:
                 return ClaimName(record.namespace, record.name)
         return None
 
+    # ---- probes ----------------------------------------------------------------------------
+    def live(self) -> list[str]:
+        """``/healthz``: the DRA socket's gRPC server answers its own health check (nothing to
+        ask while starting or stopping: the start-up probe covers the start)."""
+        if not self._started or self._stop.is_set():
+            return []
+        return self._serving()
+
+    def ready(self) -> list[str]:
+        """``/readyz``: what ``--probe`` checks — GetInfo over the registration socket, an empty
+        NodePrepareResources and grpc.health.v1 over the DRA socket — from this process."""
+        if self._stop.is_set():
+            return ["stopping"]
+        if not self._started:
+            return ["starting"]
+        return self._prober()
+
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
         s = self.settings
+        if s.health_addr:  # first: the start-up probe answers 503 (not refused) while recovering
+            self._health_server = HealthServer(s.health_addr, live=self.live, ready=self.ready)
+            self._health_server.start()
         self.state.recover()
         if s.metrics_addr:
             self._metrics_server = serve(s.metrics_addr, self.metrics.registry)
@@ -183,6 +208,7 @@ class KubeletPluginApp:
         self.devices.start()
         if self.violations is not None:
             self.violations.start()
+        self._started = True
         log.info(
             "kubelet plugin started",
             node=s.node_name,
@@ -197,6 +223,10 @@ class KubeletPluginApp:
     @property
     def metrics_port(self) -> int | None:
         return self._metrics_server.server_port if self._metrics_server else None
+
+    @property
+    def health_port(self) -> int | None:
+        return self._health_server.port if self._health_server else None
 
     @property
     def stopped(self) -> bool:
@@ -217,6 +247,10 @@ class KubeletPluginApp:
         self.enforcer.close()
         self.mig.close()
         self.instance.release()
+        self._prober.close()
+        self._serving.close()
+        if self._health_server is not None:  # last: /readyz said "stopping" until now
+            self._health_server.stop()
         log.info("kubelet plugin stopped")
 
 

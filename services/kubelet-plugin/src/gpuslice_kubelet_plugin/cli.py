@@ -41,6 +41,7 @@ class Settings:
     registrar_dir: Path = Path("/var/lib/kubelet/plugins_registry")
     plugins_dir: Path = Path("/var/lib/kubelet/plugins")
     metrics_addr: str = ""
+    health_addr: str = ""  # /healthz and /readyz (gpuslice_core.health); empty = off
     enforcer_socket: Path | None = None
     mig_manager_socket: Path | None = None
     dynamic_mig: bool = False
@@ -69,6 +70,8 @@ class Settings:
             raise ValueError("--node-name (NODE_NAME) is required")
         if self.metrics_addr:
             parse_addr(self.metrics_addr)  # ValueError naming the flag
+        if self.health_addr:
+            parse_addr(self.health_addr, flag="--health-addr")
 
     @property
     def sockets(self) -> Sockets:
@@ -132,6 +135,13 @@ def build_parser() -> EnvArgumentParser:
         env="METRICS_ADDR",
         default=":9400",
         help="HOST:PORT of the Prometheus /metrics endpoint; empty to disable it.",
+    )
+    f(
+        "--health-addr",
+        env="HEALTH_ADDR",
+        default=":9410",
+        help="HOST:PORT of /healthz (the DRA socket answers) and /readyz (what --probe checks) "
+        "for the kubelet's httpGet probes; empty to disable it.",
     )
     f(
         "--enforcer-socket",
@@ -266,6 +276,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         registrar_dir=args.registrar_dir,
         plugins_dir=args.plugins_dir,
         metrics_addr=args.metrics_addr,
+        health_addr=args.health_addr,
         enforcer_socket=args.enforcer_socket,
         mig_manager_socket=args.mig_manager_socket,
         dynamic_mig=args.dynamic_mig,

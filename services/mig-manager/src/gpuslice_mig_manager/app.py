@@ -18,6 +18,7 @@ from gpuslice_core import logging as gslog
 from gpuslice_core import metrics as gsmetrics
 from gpuslice_core.errors import GpusliceError
 from gpuslice_core.grpcserver import StopSignals
+from gpuslice_core.health import GrpcServing, HealthServer, threads_alive
 from gpuslice_kube.client import new_api_client
 from gpuslice_kube.raw import RawApi
 from gpuslice_kube.reflector import Reflector
@@ -93,8 +94,32 @@ class MigManagerApp:
             backoff=Backoff(settings.retry_initial, settings.retry_max),
         )
         self.reflectors: list[Reflector] = []
+        self.health_server: HealthServer | None = None
+        self._serving = GrpcServing(settings.socket)
+        self._threads = threads_alive(lambda: [self.reconciler.thread])
+        self._started = False
+        self._stopping = False
+
+    # ---- probes ----------------------------------------------------------------------------
+    def live(self) -> list[str]:
+        """``/healthz``: the gRPC socket answers its health check and the reconciler runs."""
+        if not self._started or self._stopping:
+            return []
+        return self._serving() + self._threads()
+
+    def ready(self) -> list[str]:
+        """``/readyz``: what ``--probe`` checks, the socket's health service is SERVING."""
+        if self._stopping:
+            return ["stopping"]
+        if not self._started:
+            return ["starting"]
+        return self._serving()
 
     def start(self) -> None:
+        if self.settings.health_addr:  # first: 503 (not refused) while recovering
+            self.health_server = HealthServer(
+                self.settings.health_addr, live=self.live, ready=self.ready
+            ).start()
         if self.settings.metrics_addr:
             metrics = gsmetrics.serve(self.settings.metrics_addr, REGISTRY)
             log.info("metrics served", addr=self.settings.metrics_addr, port=metrics.server_port)
@@ -117,14 +142,19 @@ class MigManagerApp:
             node.start()
             self.reflectors.append(node)
         self.reconciler.start()
+        self._started = True
         log.info("ready", socket=str(self.settings.socket))
 
     def stop(self) -> None:
+        self._stopping = True
         for reflector in self.reflectors:
             reflector.stop()
         self.controller.stop()
         self.reconciler.stop()
         self.server.stop()
+        self._serving.close()
+        if self.health_server is not None:  # last: /readyz said "stopping" until now
+            self.health_server.stop()
 
 
 def _fail(message: str) -> int:

@@ -30,6 +30,7 @@ class Settings:
     node_name: str | None = None
     kubeconfig: str | None = None
     metrics_addr: str = ""
+    health_addr: str = ""  # /healthz and /readyz (gpuslice_core.health); empty = off
     #: A mig-parted layout file, or NAMESPACE/NAME[:KEY] of a ConfigMap (at most one).
     config_file: str | None = None
     config_map: str | None = None
@@ -55,6 +56,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         node_name=args.node_name or None,
         kubeconfig=args.kubeconfig or None,
         metrics_addr=args.metrics_addr,
+        health_addr=args.health_addr,
         config_file=args.config_file or None,
         config_map=args.config_map or None,
         dynamic_mig=args.dynamic_mig,
@@ -116,6 +118,16 @@ def build_parser() -> EnvArgumentParser:
         env="METRICS_ADDR",
         default=":9403",
         help="HOST:PORT of the Prometheus /metrics endpoint; an empty value turns it off.",
+    )
+    p.add_flag(
+        "--health-addr",
+        env="HEALTH_ADDR",
+        default=":9413",
+        help=(
+            "HOST:PORT of /healthz (the gRPC socket answers, the reconciler runs) and /readyz"
+            " (the socket's health service is SERVING, as --probe) for httpGet probes; an empty"
+            " value turns it off."
+        ),
     )
     p.add_flag(
         "--config-file",

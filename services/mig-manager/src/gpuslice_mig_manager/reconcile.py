@@ -214,6 +214,11 @@ class Reconciler:
         if self.interval > 0:
             self._thread.start()
 
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The periodic thread once started, None without one (a liveness check asks)."""
+        return self._thread if self._thread.ident is not None else None
+
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive():

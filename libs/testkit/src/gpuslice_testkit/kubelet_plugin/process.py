@@ -60,6 +60,8 @@ class PluginProcess(ServiceProcess):
             str(state_dir),
             "--metrics-addr",
             "",
+            "--health-addr",
+            "",
             *extra,
         ]
         added = nvml_env(backend, fake_nvml_config)
