@@ -248,7 +248,7 @@ class Controller:
             for line in f:
                 if line.startswith(b"{"):
                     entry = json.loads(line)
-                    if entry.get("event") == "admission" and entry.get("webhook") == webhook:
+                    if entry.get("msg") == "admission" and entry.get("webhook") == webhook:
                         times.append(entry["duration_ms"] / 1e3)
         return times
 

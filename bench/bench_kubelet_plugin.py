@@ -113,7 +113,7 @@ def make_claims(kube: RawApi, namespace: str, node: str, count: int) -> list[Cla
 
 def plugin_timings(plugin: PluginProcess) -> list[dict[str, Any]]:
     lines = [json.loads(x) for x in plugin.log.read_text().splitlines() if x.startswith("{")]
-    return [x for x in lines if x.get("event") == "prepared"]
+    return [x for x in lines if x.get("msg") == "prepared"]
 
 
 def apply_device_classes(kube: RawApi) -> None:

@@ -319,9 +319,7 @@ def _prepare_lines(cluster: Cluster, node_pod: Obj, claim_uid: str) -> int:
     log line; a repeated call is answered from the checkpoint without that line)."""
     meta = node_pod["metadata"]
     text = cluster.log(meta["namespace"], meta["name"], "kubelet-plugin")
-    return sum(
-        1 for line in text.splitlines() if '"event": "prepared"' in line and claim_uid in line
-    )
+    return sum(1 for line in text.splitlines() if '"msg": "prepared"' in line and claim_uid in line)
 
 
 def node_drain(cluster: Cluster) -> None:

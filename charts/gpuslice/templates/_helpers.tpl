@@ -150,7 +150,7 @@ e2e/manifests/mig-configs.yaml, kept equal by e2e/tests/chart/test_chart.py). */
 {{- end }}
 {{- end }}
 
-{{/* Environment every service shares: the node, the log level, NVML. */}}
+{{/* Environment every service shares: the node, the log level and format, NVML. */}}
 {{- define "gpuslice.commonEnv" -}}
 - name: NODE_NAME
   valueFrom:
@@ -162,6 +162,8 @@ e2e/manifests/mig-configs.yaml, kept equal by e2e/tests/chart/test_chart.py). */
       fieldPath: metadata.uid
 - name: LOG_LEVEL
   value: {{ .Values.logLevel | quote }}
+- name: LOG_FORMAT
+  value: {{ .Values.logFormat | quote }}
 - name: NVML_BACKEND
   value: {{ .Values.nvml.backend | quote }}
 {{- if eq .Values.nvml.backend "fake" }}

@@ -15,6 +15,7 @@ policies allow exactly the calls the services make, from their own node only.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -51,6 +52,7 @@ from e2e.support.chart import (
     set_json,
     sets,
 )
+from gpuslice_controller.cli import build_parser as controller_parser
 from gpuslice_core import nodesetup
 from gpuslice_device_plugin.cli import build_parser as device_plugin_parser
 from gpuslice_enforcer.cli import build_parser as enforcer_parser
@@ -224,6 +226,8 @@ def test_device_class_version_and_mapping_can_be_chosen(helm_bin: Path) -> None:
         (["--set", "deviceClasses.extendedResourceMapping=yes"], "extendedResourceMapping"),
         (["--set", "hostPaths.cdiRoot=var/run/cdi"], "cdiRoot"),
         (["--set", "migManager.metrics.port=70000"], "port"),
+        (["--set", "logFormat=console"], "logFormat"),
+        (["--set", "kubeletPlugin.logFormat=json"], "logFormat"),  # one value for all now
     ],
 )
 def test_schema_refuses_typos_and_bad_values(
@@ -232,6 +236,60 @@ def test_schema_refuses_typos_and_bad_values(
     out = helm(helm_bin, "template", "x", str(CHART), *args, check=False)
     assert out.returncode != 0, f"{args} was accepted"
     assert "schema" in out.stderr and expected in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("log_format", ["json", "text", None])
+def test_every_service_logs_in_the_one_log_format(helm_bin: Path, log_format: str | None) -> None:
+    objs = render(helm_bin, *(sets(f"logFormat={log_format}") if log_format else []))
+    wanted = log_format or "json"  # the default: klog's JSON keys
+    services = {
+        f"{component}/{name}": env_of(container).get("LOG_FORMAT")
+        for component in ("node", "device-plugin")
+        for name, container in containers(objs, component).items()
+        if name != "node-setup"  # a one-shot script, not a service
+    }
+    assert services.keys() >= {
+        "node/enforcer",
+        "node/kubelet-plugin",
+        "device-plugin/device-plugin",
+    }
+    assert set(services.values()) == {wanted}, services
+    [controller] = [
+        c
+        for d in find(objs, "Deployment")
+        for c in d["spec"]["template"]["spec"]["containers"]
+        if c["name"] == "controller"
+    ]
+    assert env_of(controller)["LOG_FORMAT"] == wanted
+
+
+@pytest.mark.parametrize(
+    "make_parser",
+    [
+        controller_parser,
+        kubelet_plugin_parser,
+        enforcer_parser,
+        mig_manager_parser,
+        device_plugin_parser,
+    ],
+)
+def test_every_service_takes_the_charts_log_format(
+    make_parser: Callable[[], argparse.ArgumentParser],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The values the schema allows are the ones every service accepts (one shared flag)."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    allowed_formats = schema["properties"]["logFormat"]["enum"]
+    assert allowed_formats == ["json", "text"]
+    assert make_parser().parse_args([]).log_format == "json"
+    for value in allowed_formats:
+        monkeypatch.setenv("LOG_FORMAT", value)
+        assert make_parser().parse_args([]).log_format == value
+    monkeypatch.delenv("LOG_FORMAT")
+    with pytest.raises(SystemExit):
+        make_parser().parse_args(["--log-format=console"])
+    assert "invalid choice: 'console'" in capsys.readouterr().err
 
 
 def test_components_and_options_can_be_switched(helm_bin: Path) -> None:

@@ -98,3 +98,29 @@ def _number(value: str) -> float:
         return float(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+
+
+def add_log_flags(parser: EnvArgumentParser) -> None:
+    """``--log-level`` (``LOG_LEVEL``) and ``--log-format`` (``LOG_FORMAT``), the same on every
+    service: one call in each cli.py, the parsed values go to ``logging.configure``."""
+    # Here, not at the top: node-setup's cli uses this module and must run on the standard
+    # library alone (gpuslice_core.logging needs structlog).
+    from gpuslice_core.logging import FORMATS, LEVELS
+
+    parser.add_flag(
+        "--log-level",
+        env="LOG_LEVEL",
+        default="info",
+        choices=LEVELS,
+        help="Least severe level of the log lines written (to stdout).",
+    )
+    parser.add_flag(
+        "--log-format",
+        env="LOG_FORMAT",
+        default="json",
+        choices=FORMATS,
+        help=(
+            "json: one object per line with klog's keys (ts, level, msg, logger, err); text:"
+            " key=value lines for a terminal. docs/logging.md"
+        ),
+    )

@@ -252,7 +252,7 @@ class ControllerApp:
 
 def run(settings: Settings) -> int:
     """The process: build, start, serve until SIGTERM/SIGINT, stop. 1 when start-up fails."""
-    configure(component="controller", level=settings.log_level)
+    configure(component="controller", level=settings.log_level, log_format=settings.log_format)
     try:
         app = ControllerApp(settings)
         signals = StopSignals(app.stopping)  # before anything serves (gpuslice_core.grpcserver)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from gpuslice_api.names import GPU_CLASS, MIG_CLASS
 from gpuslice_controller import __version__
-from gpuslice_core.cli import EnvArgumentParser, positive_seconds, seconds_or_off
-from gpuslice_core.logging import LEVELS, configure, get_logger
+from gpuslice_core.cli import EnvArgumentParser, add_log_flags, positive_seconds, seconds_or_off
+from gpuslice_core.logging import configure, get_logger
 from gpuslice_view.live import NODE_SELECTOR
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(d|h|m|s)")
@@ -71,6 +71,7 @@ class Settings:
     mig_device_classes: tuple[str, ...]
     resource_api: str
     log_level: str
+    log_format: str = "json"
 
     def __post_init__(self) -> None:
         if self.manage_certificates and not self.cert_hosts:
@@ -111,6 +112,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         mig_device_classes=tuple(args.mig_device_classes),
         resource_api=args.resource_api,
         log_level=args.log_level,
+        log_format=args.log_format,
     )
 
 
@@ -337,13 +339,7 @@ def build_parser() -> EnvArgumentParser:
             " makes; auto picks the newest the API server serves."
         ),
     )
-    p.add_flag(
-        "--log-level",
-        env="LOG_LEVEL",
-        default="info",
-        choices=tuple(LEVELS),
-        help="Least severe level of log lines written (JSON, one object per line, to stdout).",
-    )
+    add_log_flags(p)
     return p
 
 
@@ -352,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = settings_from(args)
     except ValueError as exc:
-        configure(component="controller", level=args.log_level)
+        configure(component="controller", level=args.log_level, log_format=args.log_format)
         get_logger(__name__).error("cannot start", error=str(exc))
         return 1
     from gpuslice_controller.app import run  # the API client is imported only to run

@@ -15,10 +15,10 @@ from dataclasses import fields
 from pathlib import Path
 
 from gpuslice_api.nodemode import EXIT_REFUSED
-from gpuslice_core.cli import EnvArgumentParser, parse_bool, seconds_or_off
+from gpuslice_core.cli import EnvArgumentParser, add_log_flags, parse_bool, seconds_or_off
 from gpuslice_core.errors import GpusliceError
 from gpuslice_core.grpcserver import check_health
-from gpuslice_core.logging import LEVELS, configure, get_logger
+from gpuslice_core.logging import configure, get_logger
 from gpuslice_device_plugin import __version__
 from gpuslice_device_plugin.cdispec import SPEC_MODES
 from gpuslice_device_plugin.config import ID_STRATEGIES, MIG_STRATEGIES, CommandLine, ConfigError
@@ -243,9 +243,7 @@ def build_parser() -> EnvArgumentParser:
             " metrics; an empty value turns those metrics off."
         ),
     )
-    p.add_flag(
-        "--log-level", env="LOG_LEVEL", default="info", choices=LEVELS, help="Lowest level logged."
-    )
+    add_log_flags(p)
     return p
 
 
@@ -300,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, probing = parse(argv)
     if probing:
         return probe(Path(args.device_plugins_dir))
-    configure(component="device-plugin", level=args.log_level)
+    configure(component="device-plugin", level=args.log_level, log_format=args.log_format)
     try:
         node = _node(args)
         info = node.info() if node is not None else None

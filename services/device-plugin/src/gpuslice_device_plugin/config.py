@@ -256,6 +256,7 @@ class CommandLine:
     health_recovery: bool
     ignored_xids: frozenset[int]
     kubeconfig: str | None
+    log_format: str
     log_level: str
     metrics_addr: str
     mig_strategy: str | None

@@ -158,7 +158,7 @@ class EnforcerApp:
 
 def run(settings: Settings) -> int:
     """The process: build, start, serve until SIGTERM/SIGINT, stop. 1 when start-up fails."""
-    configure_logs(settings.log_level, settings.node_name)
+    configure_logs(settings.log_level, settings.node_name, settings.log_format)
     signals = StopSignals()  # before anything serves (gpuslice_core.grpcserver)
     try:
         nvml = open_nvml(settings.nvml, settings.fake_nvml_config)

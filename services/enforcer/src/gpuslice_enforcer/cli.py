@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuslice_core import logging as gslog
-from gpuslice_core.cli import EnvArgumentParser
+from gpuslice_core.cli import EnvArgumentParser, add_log_flags
 from gpuslice_enforcer.config import (
     COMPUTE_MODE_POLICIES,
     MEMORY_ACTIONS,
@@ -40,6 +40,7 @@ class Settings:
     metrics_addr: str = ""
     health_addr: str = ""  # /healthz and /readyz (gpuslice_core.health); empty = off
     log_level: str = "info"
+    log_format: str = "json"
     nvml: str = "real"
     fake_nvml_config: str | None = None
 
@@ -101,13 +102,7 @@ def build_parser() -> EnvArgumentParser:
         help="HOST:PORT of /healthz (the gRPC socket answers, the watchdog runs) and /readyz "
         "(the socket's health service is SERVING) for httpGet probes; empty disables them.",
     )
-    p.add_flag(
-        "--log-level",
-        env="LOG_LEVEL",
-        default="info",
-        choices=gslog.LEVELS,
-        help="Lowest level of log lines to write.",
-    )
+    add_log_flags(p)
     p.add_flag(
         "--sample-interval",
         env="ENFORCER_SAMPLE_INTERVAL",
@@ -232,14 +227,15 @@ def settings_from(args: argparse.Namespace) -> Settings:
         metrics_addr=args.metrics_addr,
         health_addr=args.health_addr,
         log_level=args.log_level,
+        log_format=args.log_format,
         nvml=args.nvml,
         fake_nvml_config=args.fake_nvml_config,
     )
 
 
-def configure_logs(level: str, node_name: str) -> None:
-    """JSON lines on stdout, each with the node's name when it is known."""
-    gslog.configure(component=COMPONENT, level=level)
+def configure_logs(level: str, node_name: str, log_format: str = "json") -> None:
+    """Log lines on stdout, each with the node's name when it is known."""
+    gslog.configure(component=COMPONENT, level=level, log_format=log_format)
     if node_name:
         import structlog
 
@@ -251,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = settings_from(args)
     except ValueError as exc:
-        configure_logs(args.log_level, args.node_name)
+        configure_logs(args.log_level, args.node_name, args.log_format)
         # by name: under `python -m gpuslice_enforcer.cli`, __name__ is __main__
         gslog.get_logger("gpuslice_enforcer.cli").error("start-up failed", error=str(exc))
         return 2

@@ -257,7 +257,7 @@ class KubeletPluginApp:
 def run(settings: Settings) -> int:
     """The process: build, start, serve until SIGTERM/SIGINT, stop. 2 when start-up fails,
     3 (``EXIT_REFUSED``) on a node whose GPUs the device plugin serves."""
-    gslog.configure(component=PROG, level=settings.log_level, json=settings.log_format == "json")
+    gslog.configure(component=PROG, level=settings.log_level, log_format=settings.log_format)
     signals = StopSignals()  # before anything serves (gpuslice_core.grpcserver)
     try:
         nvml = open_nvml(settings.nvml, settings.fake_nvml_config)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from gpuslice_api.names import DRIVER, MODE_LABEL
 from gpuslice_core import logging as gslog
-from gpuslice_core.cli import EnvArgumentParser, positive_seconds
+from gpuslice_core.cli import EnvArgumentParser, add_log_flags, positive_seconds
 from gpuslice_core.metrics import parse_addr
 from gpuslice_draplugin import Sockets, probe
 from gpuslice_kubelet_plugin import __version__
@@ -248,20 +248,7 @@ def build_parser() -> EnvArgumentParser:
         default=10.0,
         help="Seconds in-flight calls get to finish on SIGTERM.",
     )
-    f(
-        "--log-level",
-        env="LOG_LEVEL",
-        default="info",
-        choices=gslog.LEVELS,
-        help="Lowest level that is logged.",
-    )
-    f(
-        "--log-format",
-        env="LOG_FORMAT",
-        default="json",
-        choices=("json", "console"),
-        help="json (one object per line) or console (for a terminal).",
-    )
+    add_log_flags(p)
     return p
 
 
@@ -303,7 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.probe:
-        gslog.configure(component=PROG, level=args.log_level, json=args.log_format == "json")
+        gslog.configure(component=PROG, level=args.log_level, log_format=args.log_format)
         problems = probe(sockets(args.registrar_dir, args.plugins_dir, args.pod_uid))
         for problem in problems:
             print(problem, file=sys.stderr)

@@ -165,7 +165,9 @@ def _fail(message: str) -> int:
 
 def run(settings: Settings) -> int:
     """The process: build, start, serve until SIGTERM/SIGINT, stop. 2 when start-up fails."""
-    gslog.configure(component="mig-manager", level=settings.log_level)
+    gslog.configure(
+        component="mig-manager", level=settings.log_level, log_format=settings.log_format
+    )
     signals = StopSignals()
     log.info(
         "starting", version=__version__, node=settings.node_name, dynamic_mig=settings.dynamic_mig

@@ -9,9 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuslice_core.cli import EnvArgumentParser
+from gpuslice_core.cli import EnvArgumentParser, add_log_flags
 from gpuslice_core.grpcserver import check_health
-from gpuslice_core.logging import LEVELS
 from gpuslice_mig_manager import __version__
 from gpuslice_nvml import add_nvml_arguments
 
@@ -39,6 +38,7 @@ class Settings:
     retry_initial: float = 1.0
     retry_max: float = 60.0
     log_level: str = "info"
+    log_format: str = "json"
 
     def __post_init__(self) -> None:
         if self.config_file and self.config_map:
@@ -64,6 +64,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         retry_initial=args.retry_initial,
         retry_max=args.retry_max,
         log_level=args.log_level,
+        log_format=args.log_format,
     )
 
 
@@ -177,9 +178,7 @@ def build_parser() -> EnvArgumentParser:
         default=60.0,
         help="Longest wait, in seconds, between retries of a waiting layout.",
     )
-    p.add_flag(
-        "--log-level", env="LOG_LEVEL", default="info", choices=LEVELS, help="Lowest level logged."
-    )
+    add_log_flags(p)
     p.add_argument(
         "--probe",
         action="store_true",

@@ -1,6 +1,6 @@
 """gpuslice.v1.MigManager: each RPC is one call into the domain; errors map in the interceptor.
 
-Every call writes one canonical log line (``rpc``) with the method, the GPU, the claim (owner),
+Every call writes one canonical log line (``rpc``) with the method, the GPU, the owner (the claim),
 whether it changed anything and how long it took; failures are logged the same way before the
 interceptor turns them into a status.
 """
@@ -69,7 +69,7 @@ class MigManagerServicer(pbgrpc.MigManagerServicer):
         with _rpc(
             "CreateInstance",
             gpu=request.gpu_uuid,
-            claim=request.owner,
+            owner=request.owner,
             profile=request.profile_name,
             placement_start=start,
         ) as out:
@@ -91,7 +91,7 @@ class MigManagerServicer(pbgrpc.MigManagerServicer):
         with _rpc(
             "DestroyInstance",
             gpu=request.gpu_uuid,
-            claim=request.owner,
+            owner=request.owner,
             gpu_instance=request.gpu_instance_id,
         ) as out:
             result = self.manager.destroy_instance(
@@ -109,7 +109,7 @@ class MigManagerServicer(pbgrpc.MigManagerServicer):
         with _rpc(
             "ReleaseInstance",
             gpu=request.gpu_uuid,
-            claim=request.owner,
+            owner=request.owner,
             gpu_instance=request.gpu_instance_id,
         ) as out:
             result = self.manager.release_instance(

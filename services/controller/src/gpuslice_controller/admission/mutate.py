@@ -16,7 +16,7 @@ from typing import Any
 
 from gpuslice_controller.admission import translate
 from gpuslice_controller.admission.review import Decision, Request
-from gpuslice_core.logging import get_logger
+from gpuslice_core.logging import get_logger, kobj
 from gpuslice_kube.errors import KubeAlreadyExistsError
 from gpuslice_kube.raw import Obj, RawApi
 from gpuslice_kube.reflector import Reflector, metadata_only
@@ -105,7 +105,7 @@ class PodTranslator:
         path = f"/apis/resource.k8s.io/{self.version}/namespaces/{namespace}/resourceclaimtemplates"
         try:
             self.raw.create(path, body)
-            log.info("claim template created", namespace=namespace, template=name)
+            log.info("claim template created", template=kobj(namespace, name))
             return None
         except KubeAlreadyExistsError:
             pass

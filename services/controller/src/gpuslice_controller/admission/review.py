@@ -22,7 +22,7 @@ from typing import Any
 from prometheus_client import Counter, Histogram
 
 from gpuslice_core import untrusted
-from gpuslice_core.logging import get_logger
+from gpuslice_core.logging import get_logger, kobj
 from gpuslice_core.metrics import Subsystem, metric_name
 
 log = get_logger(__name__)
@@ -191,8 +191,11 @@ def answer(webhook: str, body: bytes, reviewer: Reviewer) -> bytes:
         uid=uid[:253],
         kind=text_at(request, "kind", "kind"),
         version=text_at(request, "kind", "version"),
-        namespace=text_at(request, "namespace"),
-        name=text_at(request, "name") or text_at(request, "object", "metadata", "name"),
+        # the object by reference, as klog's KObj: never the object or the userInfo
+        object=kobj(
+            text_at(request, "namespace"),
+            text_at(request, "name") or text_at(request, "object", "metadata", "name") or "",
+        ),
         operation=text_at(request, "operation"),
         result=result,
         message=decision.message or None,

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from cryptography.hazmat.primitives import hashes
 
 from gpuslice_controller.tls import certs
-from gpuslice_core.logging import get_logger
+from gpuslice_core.logging import get_logger, kobj
 from gpuslice_kube.errors import ConflictError, KubeAlreadyExistsError, KubeNotFoundError
 from gpuslice_kube.raw import Obj, RawApi
 from gpuslice_kube.reflector import Reflector
@@ -280,9 +280,17 @@ class Rotator:
                     break
                 try:
                     outcome = self.reconcile()
-                    log.info("certificates reconciled", secret=self.secret, outcome=outcome)
+                    log.info(
+                        "certificates reconciled",
+                        secret=kobj(self.namespace, self.secret),
+                        outcome=outcome,
+                    )
                 except Exception as exc:  # a failed pass is retried on the next one
-                    log.warning("certificate reconcile failed", secret=self.secret, error=str(exc))
+                    log.warning(
+                        "certificate reconcile failed",
+                        secret=kobj(self.namespace, self.secret),
+                        error=str(exc),
+                    )
                 if not watching:  # after the first pass: its list then finds nothing to do
                     watch.start()
                     watching = True

@@ -17,7 +17,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 
 from gpuslice_controller.tls import certs, rotation
-from gpuslice_core.logging import get_logger
+from gpuslice_core.logging import get_logger, kobj
 from gpuslice_kube.raw import Obj, RawApi
 from gpuslice_kube.reflector import Reflector
 
@@ -73,6 +73,7 @@ class TlsSecretWatch:
     def __init__(self, raw: RawApi, namespace: str, secret: str, cert: ServingCert) -> None:
         self.cert = cert
         self.secret = secret
+        self.ref = kobj(namespace, secret)  # for logs: the Secret's name, never its data
         self.reflector = Reflector(
             raw,
             rotation.secret_path(namespace),
@@ -82,16 +83,14 @@ class TlsSecretWatch:
 
     def _on_event(self, event_type: str, obj: Obj) -> None:
         if event_type == "DELETED":
-            log.warning("TLS secret deleted; serving the last certificate", secret=self.secret)
+            log.warning("TLS secret deleted; serving the last certificate", secret=self.ref)
             return
         data = rotation.decode_data(obj)
         cert, key = data.get(certs.TLS_CERT), data.get(certs.TLS_KEY)
         if not cert or not key:
-            log.info("TLS secret has no certificate yet", secret=self.secret)
+            log.info("TLS secret has no certificate yet", secret=self.ref)
             return
         try:
             self.cert.load(cert, key)
         except (ValueError, OSError) as exc:  # ssl.SSLError is an OSError
-            log.error(
-                "TLS secret holds an unusable certificate", secret=self.secret, error=str(exc)
-            )
+            log.error("TLS secret holds an unusable certificate", secret=self.ref, error=str(exc))
