@@ -18,6 +18,7 @@ from pathlib import Path
 
 from gpuslice_core import logging as gslog
 from gpuslice_core.cli import EnvArgumentParser, add_log_flags
+from gpuslice_enforcer import __version__
 from gpuslice_enforcer.config import (
     COMPUTE_MODE_POLICIES,
     MEMORY_ACTIONS,
@@ -57,6 +58,7 @@ def build_parser() -> EnvArgumentParser:
             "mechanism each GPU offers (driver memory partitioning, MPS, an NVML watchdog)."
         ),
     )
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     p.add_flag("--node-name", env="NODE_NAME", default="", help="Name of this node, for logs.")
     p.add_flag(
         "--socket",
