@@ -46,7 +46,7 @@ proto-check: setup
 	$(PY) hack/gen_protos.py --check
 
 unit: setup kube-binaries node-binaries hook-binary images nvml-mock
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=25
 
 # The mock libnvidia-ml.so.1 on the fake node (docs/nvml-mock.md), built with gcc into
 # ~/.cache/gpuslice/nvml-mock; the tests build it on demand too. Prints the library's directory.

@@ -81,6 +81,11 @@ class Slot:
         return f"10.244.{self.n}.1/24"
 
     @property
+    def bridge_mac(self) -> str:
+        """A fixed, locally administered MAC for the bridge (see ``_make_bridge``)."""
+        return f"02:67:73:72:6e:{self.n:02x}"
+
+    @property
     def record(self) -> Path:
         return REGISTRY / f"slot-{self.n}.json"
 
@@ -182,9 +187,14 @@ def _ip(*args: str) -> subprocess.CompletedProcess[str]:
 def _make_bridge(slot: Slot) -> None:
     """The pods' bridge with the host's address on it (10.244.n.1), so the kubelet can reach its
     pods (probes). The CNI bridge plugin then runs with isGateway=false: it neither adds a default
-    route in the pods nor turns on the host's ip_forward; nothing leaves the subnet."""
+    route in the pods nor turns on the host's ip_forward; nothing leaves the subnet.
+
+    The bridge gets a MAC of its own: a Linux bridge without one takes the lowest MAC of its
+    ports, so it changed whenever a pod's veth came or went, and a pod that had the old one in
+    its ARP cache answered the kubelet's probes into the void until that entry expired (HTTP
+    probes of the node pod timed out for tens of seconds, and liveness restarted it)."""
     for args in (
-        ("link", "add", slot.bridge, "type", "bridge"),
+        ("link", "add", slot.bridge, "address", slot.bridge_mac, "type", "bridge"),
         ("addr", "add", slot.gateway, "dev", slot.bridge),
         ("addr", "add", f"{SERVICE_IP}/32", "dev", slot.bridge),
         ("link", "set", slot.bridge, "up"),
