@@ -261,7 +261,7 @@ def fleet(
     start = time.monotonic()
     for node in nodes:
         node.cache.start()
-    run.rollout_s = wait(
+    wait(
         lambda: all(
             x.cache.reflector is not None and x.cache.reflector.synced.is_set() for x in nodes
         ),
@@ -269,6 +269,7 @@ def fleet(
         "every cache synced",
     )
     wait(lambda: sum(x.held() for x in nodes) == len(claims), 120, "every claim held")
+    run.rollout_s = time.monotonic() - start  # every cache started (its first page) and synced
     run.rollout = api_figures(raw, pid) - before
     # steady state: nothing changes
     settle(raw, pid)
@@ -375,6 +376,8 @@ def report(run: Run) -> None:
 
 
 WRITES = ("POST", "PUT", "PATCH", "DELETE", "APPLY")
+#: The resources a kubelet plugin writes: its slices, and Events (refusals, the enforcer's).
+PLUGIN_WRITES = ("resourceslices", "events")
 
 
 def write_requests(raw: RawApi) -> Counter[str]:
@@ -398,10 +401,34 @@ def write_requests(raw: RawApi) -> Counter[str]:
     return counts
 
 
+def gpuslice_events(raw: RawApi) -> int:
+    """Events whose source is a gpuslice component, counted up included."""
+    items = raw.list(resource_path("v1", "events"))["items"]
+    return sum(
+        int(e.get("count") or 1)
+        for e in items
+        if str((e.get("source") or {}).get("component", "")).startswith("gpuslice")
+        or str(e.get("reportingComponent", "")).startswith("gpuslice")
+    )
+
+
 def steady_plugin(sandbox: ControlPlane, root: Path, seconds: float) -> None:
     """One real kubelet plugin (8 fake H100s, its slices published, its health checks and
     rescans running) left alone: the writes the API server takes meanwhile, per hour."""
     raw = RawApi(new_api_client(sandbox.kubeconfig, user_agent="bench-fleet"))
+    # the fleet runs' namespaces are deleted by now: their deletion (every resource's
+    # deletecollection) is the controller-manager's write load, not the plugin's
+    wait(
+        lambda: (
+            not [
+                n
+                for n in raw.list(resource_path("v1", "namespaces"))["items"]
+                if n["metadata"]["name"].startswith("fleet-")
+            ]
+        ),
+        300,
+        "the fleet namespaces deleted",
+    )
     node = "steady-node"
     raw.create(resource_path("v1", "nodes"), {"metadata": {"name": node}})
     config = write_node(root, [{"model": "H100", "count": 8}], node)
@@ -425,19 +452,27 @@ def steady_plugin(sandbox: ControlPlane, root: Path, seconds: float) -> None:
         )
         time.sleep(5)  # the start's own writes land
         before = write_requests(raw)
+        ours_before = gpuslice_events(raw)
         time.sleep(seconds)
         after = write_requests(raw)
+        ours_events = gpuslice_events(raw) - ours_before
     finally:
         plugin.stop()
     delta = {k: v for k, v in (after - before).items() if v}
-    ours = {k: v for k, v in delta.items() if k.split("/")[0] != "leases"}
+    # what the plugin may write: its slices, Events, claims (never), its Node (never)
+    ours = {k: v for k, v in delta.items() if k.split("/")[0] in PLUGIN_WRITES}
     print(f"\n== one kubelet plugin left alone for {seconds:.0f} s (rescan 10 s, health 5 s) ==")
     print(
         f"writes to the API server, every client's: {delta or '{}'} (leases: the "
-        "controller-manager's and scheduler's leader election)"
+        "controller-manager's and scheduler's leader election; nodes: the node lifecycle "
+        "controller on a node with no kubelet)"
     )
+    print(f"Events written by gpuslice components meanwhile: {ours_events}")
     per_hour = sum(ours.values()) * 3600 / seconds
-    print(f"writes other than leases: {sum(ours.values())}, i.e. {per_hour:.0f} per node per hour")
+    print(
+        f"writes to what the plugin writes ({', '.join(PLUGIN_WRITES)}): "
+        f"{ours or '{}'}, i.e. {per_hour:.0f} per node per hour"
+    )
 
 
 def project(runs: list[Run]) -> None:
@@ -453,7 +488,13 @@ def project(runs: list[Run]) -> None:
 
         events = at(lambda r: r.churn.watch_events / max(r.churn_ops, 1))
         kbytes = at(lambda r: r.churn.watch_bytes / max(r.churn_ops, 1) / 1e3)
-        list_mb = at(lambda r: r.rollout.list_bytes / 1e6)
+        # a roll-out: every node lists what it watches: all C claims (N x C in all), or its
+        # own 16 (N x 16): the bytes per listed claim times what 5,000 nodes would list
+        mine_last = mine[-1]
+        per_claim = mine_last.rollout.list_bytes / mine_last.n
+        per_claim /= CLAIMS_PER_NODE * mine_last.n if mode == "all" else CLAIMS_PER_NODE
+        listed = 5000 * (CLAIMS_PER_NODE * 5000 if mode == "all" else CLAIMS_PER_NODE)
+        list_mb = per_claim * listed / 1e6
         print(
             f"{mode:>5}: per claim allocation {events:,.0f} watch events, {kbytes:,.0f} kB sent; "
             f"at 100 allocations/s {events * 100:,.0f} events/s; a roll-out lists {list_mb:,.0f} MB"
