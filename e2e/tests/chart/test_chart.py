@@ -676,6 +676,33 @@ def node_terms(spec: Obj) -> list[list[Obj]]:
     return [term["matchExpressions"] for term in affinity["nodeSelectorTerms"]]
 
 
+def test_the_device_plugin_pods_are_scraped_through_a_pod_monitor(helm_bin: Path) -> None:
+    """Its per-container series keep the workload's namespace and pod (honorLabels); its
+    enforcer, when it runs one, is scraped from the same pods."""
+    assert not find(render(helm_bin), "PodMonitor", "gpuslice-device-plugin")
+    on = ("metrics.serviceMonitor.enabled=true",)
+    monitor = one(render(helm_bin, *sets(*on)), "PodMonitor", "gpuslice-device-plugin")
+    [endpoint] = monitor["spec"]["podMetricsEndpoints"]
+    assert (endpoint["port"], endpoint["path"], endpoint["honorLabels"]) == (
+        "device-plugin",
+        "/metrics",
+        True,
+    )
+    assert monitor["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == (
+        "device-plugin"
+    )
+    objs = render(helm_bin, *sets(*on, "devicePlugin.enforcer.enabled=true"))
+    monitor = one(objs, "PodMonitor", "gpuslice-device-plugin")
+    ports = {p["name"] for c in pod_spec(objs, "device-plugin")["containers"] for p in c["ports"]}
+    ports |= {
+        p["name"]
+        for c in pod_spec(objs, "device-plugin").get("initContainers", [])
+        for p in c.get("ports", [])
+    }
+    endpoints = [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]]
+    assert endpoints == ["device-plugin", "enforcer"] and set(endpoints) <= ports
+
+
 @pytest.mark.parametrize("backend", ["real", "fake"])
 def test_device_plugin_daemonset_runs_on_device_plugin_nodes_only(
     helm_bin: Path,
