@@ -104,8 +104,8 @@ class Controller:
 
 @contextlib.contextmanager
 def running_controller(sandbox: ControlPlane, ns: str, root: Path) -> Iterator[Controller]:
-    """The controller as a process on loopback (no webhooks, no election) until the view has
-    synced; stopped on leaving (``Controller.stop`` stops it earlier)."""
+    """The controller as a process on loopback (no webhooks, no election) once its view has
+    synced and it is ready; stopped on leaving (``Controller.stop`` stops it earlier)."""
     port, metrics_port = procs.free_port(), procs.free_port()
     argv = [
         str(BIN / "gpuslice-controller"),
@@ -126,6 +126,9 @@ def running_controller(sandbox: ControlPlane, ns: str, root: Path) -> Iterator[C
             60,
             "the controller's view to sync",
         )
+        # and ready: its serving certificate is loaded from the TLS Secret the leader writes
+        # (tests read that Secret's CA; the view can sync before the first write)
+        wait_for(lambda: ready(port) or None, 60, "the controller to be ready")
         yield ctl
     finally:
         ctl.stop()
