@@ -114,12 +114,17 @@ class ApiFigures:
         )
 
 
-def api_figures(raw: RawApi, pid: int) -> ApiFigures:
+def apiserver_metrics(raw: RawApi) -> str:
+    """The API server's own /metrics text (the admin's credentials)."""
     client = raw.api_client
     _, url, headers, _, _ = client.param_serialize(
         method="GET", resource_path="/metrics", header_params={}, auth_settings=["BearerToken"]
     )
-    text = client.call_api("GET", url, header_params=headers).read().decode()
+    return str(client.call_api("GET", url, header_params=headers).read().decode())
+
+
+def api_figures(raw: RawApi, pid: int) -> ApiFigures:
+    text = apiserver_metrics(raw)
     figures = ApiFigures(cpu=cpu_seconds(pid))
     for line in text.splitlines():
         match = SAMPLE.match(line)
@@ -382,11 +387,7 @@ PLUGIN_WRITES = ("resourceslices", "events")
 
 def write_requests(raw: RawApi) -> Counter[str]:
     """The API server's count of write requests by resource (every client's)."""
-    client = raw.api_client
-    _, url, headers, _, _ = client.param_serialize(
-        method="GET", resource_path="/metrics", header_params={}, auth_settings=["BearerToken"]
-    )
-    text = client.call_api("GET", url, header_params=headers).read().decode()
+    text = apiserver_metrics(raw)
     counts: Counter[str] = Counter()
     for line in text.splitlines():
         match = SAMPLE.match(line)

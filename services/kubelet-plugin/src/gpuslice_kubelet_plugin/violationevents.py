@@ -34,6 +34,7 @@ from typing import Any, Protocol
 from gpuslice_core.errors import GpusliceError
 from gpuslice_core.logging import get_logger
 from gpuslice_kube.errors import KubeNotFoundError
+from gpuslice_kube.events import MAX_MESSAGE
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
 
@@ -42,7 +43,6 @@ log = get_logger(__name__)
 COMPONENT = "gpuslice-enforcer"
 #: Repeats within this many seconds count the same Event up.
 AGGREGATE_S = 600.0
-MAX_MESSAGE = 1024
 
 #: (resource, action) -> Event reason.
 REASONS = {
