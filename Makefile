@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
-.PHONY: all setup demo inventory chart chart-readme test lint typecheck imports proto proto-check unit clean \
+.PHONY: all setup demo inventory chart chart-readme test lint actionlint release-local typecheck imports proto proto-check unit clean \
 	kube-binaries node-binaries hook-binary images e2e-real e2e-kind cluster-up cluster-down \
 	cluster-status gpu-stage start-stress nvml-mock
 
@@ -29,6 +29,11 @@ test: lint typecheck imports proto-check unit
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	bash hack/actionlint.sh
+
+# The GitHub workflows checked by actionlint, built once from its Go module (hack/actionlint.sh).
+actionlint:
+	bash hack/actionlint.sh
 
 typecheck: setup
 	$(BIN)/mypy .
