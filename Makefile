@@ -108,6 +108,13 @@ hook-binary:
 images: setup hook-binary
 	bash hack/images.sh
 
+# A release without GitHub (docs/release.md): the images built (make images), then the release
+# workflow's push steps without signing, for this machine's architecture, against a loopback
+# registry: every image and the chart under VERSION, a JSON summary and the helm install command.
+VERSION ?= 0.0.0-local
+release-local: setup images
+	bash hack/release.sh --local --version $(VERSION)
+
 # NODES=real: plus two real nodes (containerd + kubelet each, docs/real-node.md); default: none.
 NODES ?=
 cluster-up: setup kube-binaries $(if $(filter real,$(NODES)),node-binaries images)
