@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.support.chart import helm
+from e2e.support.chart import container_images, helm
 from gpuslice_testkit import release as rel
 from gpuslice_testkit.registry import Registry, start_registry
 
@@ -134,10 +134,7 @@ def test_the_pulled_chart_resolves_to_exactly_the_pushed_images(
         helm_bin, "template", "gpuslice", str(package), "-n", "gpuslice",
         "--set", f"image.registry={pushed.image_registry}",
     )  # fmt: skip
-    images = set()
-    for obj in yaml.safe_load_all(rendered.stdout):
-        if obj:
-            images |= container_images(obj)
+    images = container_images(list(yaml.safe_load_all(rendered.stdout)))
     expected = {i.ref for i in pushed.images.values() if i.chart}
     assert images == expected
 
@@ -179,18 +176,3 @@ def test_make_release_local_prints_the_summary_and_the_install_command(
     assert "listening on" in log
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(f"http://{registry}/v2/", timeout=5)
-
-
-def container_images(obj: Any) -> set[str]:
-    """Every container image in a rendered object (containers, initContainers, anywhere)."""
-    found: set[str] = set()
-    if isinstance(obj, dict):
-        for key, value in obj.items():
-            if key in ("containers", "initContainers", "ephemeralContainers"):
-                found |= {c["image"] for c in value}
-            else:
-                found |= container_images(value)
-    elif isinstance(obj, list):
-        for item in obj:
-            found |= container_images(item)
-    return found
