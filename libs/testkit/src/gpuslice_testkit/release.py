@@ -230,7 +230,7 @@ def push_images(
     plain_http: bool,
     workdir: Path,
     archives: dict[str, Path] | None = None,
-    parallel: int = 4,
+    parallel: int = 2,
 ) -> dict[str, PushedImage]:
     """Every image of the cache, ``parallel`` at a time (1: one after the other)."""
     if parallel < 1:
@@ -323,7 +323,7 @@ def release(
     workdir: Path,
     helm: str | None = None,
     archives: dict[str, Path] | None = None,
-    parallel: int = 4,
+    parallel: int = 2,
 ) -> Summary:
     """Push the images, then the chart; the summary of both."""
     check_inputs(registry, prefix, version)
@@ -370,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--plain-http", action="store_true", help="Talk HTTP, not HTTPS (implied by --local)."
     )
-    parser.add_argument("--parallel", type=int, default=4, help="Image pushes at a time.")
+    parser.add_argument("--parallel", type=int, default=2, help="Image pushes at a time.")
     parser.add_argument("--summary", type=Path, help="Also write the JSON summary to this file.")
     parser.add_argument(
         "--workdir", type=Path, help="Scratch directory (default: a temporary one, removed)."
