@@ -95,3 +95,15 @@ def test_binds_the_address_and_port_it_is_given(tmp_path: Path) -> None:
     with start_registry(tmp_path, host="127.0.0.1", port=port) as registry:
         assert registry.port == port
         assert f'listening on 127.0.0.1:{port}"' in registry.log.read_text()
+
+
+def test_an_ipv6_address_is_bracketed_where_references_need_it(tmp_path: Path) -> None:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError as exc:
+        pytest.skip(f"no IPv6 loopback on this machine: {exc}")
+    with start_registry(tmp_path, host="::1") as registry:
+        assert registry.address == f"[::1]:{registry.port}"
+        body, _ = registry.get_json("/v2/_catalog")
+        assert body == {"repositories": []}
