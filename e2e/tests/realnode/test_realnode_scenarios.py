@@ -2,9 +2,14 @@
 
 A control plane of its own (the chart owns the DeviceClasses, which other suites create in the
 shared sandbox), three real nodes (containerd + kubelet + runc each, e2e/sandbox/realnode.py;
-two for DRA, one labelled gpuslice.dev/mode=device-plugin) with every image of hack/images.sh
-imported, and `helm install` of charts/gpuslice with the fake NVML node of
-e2e/scenarios/nodes.py: the node DaemonSet runs from our images with the chart's RBAC and
+two for DRA, one labelled gpuslice.dev/mode=device-plugin) and a loopback OCI registry
+(Debian's docker-registry, gpuslice_testkit.registry) holding what a release publishes: every
+image of hack/images.sh and the packaged chart (gpuslice_testkit.release, the steps of
+.github/workflows/release.yml). Each node's containerd has only the pinned pause image and pulls
+the rest through a hosts.toml for that registry, as a user's nodes pull from theirs; `helm
+install oci://…/charts/gpuslice --version …` runs with the chart's default image references
+(image.registry set to the registry) and pull policy, and the fake NVML node of
+e2e/scenarios/nodes.py. The node DaemonSet runs from our images with the chart's RBAC and
 hostPath mounts, node-setup installs the enforcer's static CDI hook (which runc then runs for
 every shared container), the plugin registers with the real kubelet, and `helm test` passes.
 Then the scenarios of e2e/scenarios/user.py, the same code kind runs (hack/e2e-kind.sh).
@@ -32,6 +37,8 @@ from e2e.scenarios.user import SCENARIOS
 from gpuslice_kube.client import new_api_client
 from gpuslice_kube.raw import resource_path
 from gpuslice_testkit.enforcer import go_hook
+from gpuslice_testkit.registry import start_registry
+from gpuslice_testkit.release import Summary, release
 
 pytest_plugins = ("e2e.sandbox.realnode_fixtures",)
 pytestmark = pytest.mark.timeout(420)  # dynamic_mig: a rolling helm upgrade, 80-160 s here
@@ -40,6 +47,7 @@ NODES = ("gpu-real-0", "gpu-real-1")  # DRA
 DEVICE_PLUGIN_NODES = ("gpu-real-dp",)  # gpuslice.dev/mode=device-plugin
 SERVICES = ("kubelet-plugin", "enforcer", "mig-manager")
 HOOK_DIR = "/var/lib/gpuslice/hook"  # the chart's enforcer.hook.hostDir
+VERSION = "0.1.0-e2e"  # the release the tier publishes to its registry (chart and image tags)
 
 
 @pytest.fixture(scope="module")
@@ -57,9 +65,32 @@ def helm_path() -> Path:
 
 
 @pytest.fixture(scope="module")
+def published(
+    real_images: dict[str, Image],  # the images cache the release pushes (fails if missing)
+    helm_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Summary]:
+    """A release in a loopback registry, served for the module's whole life."""
+    run_dir = tmp_path_factory.mktemp("release")
+    with start_registry(run_dir / "registry") as registry:
+        summary = release(
+            registry=registry.address,
+            prefix="gpuslice",
+            version=VERSION,
+            plain_http=True,
+            workdir=run_dir / "work",
+        )
+        print(
+            f"release pushed to {registry.address}: images {summary.images_seconds:.1f}s,"
+            f" chart {summary.chart.seconds:.1f}s"
+        )
+        yield summary
+
+
+@pytest.fixture(scope="module")
 def chart_cluster(
     kube_binaries: KubeBinaries,
-    real_images: dict[str, Image],
+    published: Summary,
     helm_path: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[Cluster, Installed, RealNodes]]:
@@ -70,51 +101,69 @@ def chart_cluster(
     except StartError as exc:
         pytest.fail(f"control plane did not start: {exc}", pytrace=False)
     try:
-        try:
-            mode = {"gpuslice.dev/mode": "device-plugin"}
-            nodes_cm = RealNodes.started(
-                cp,
-                NODES + DEVICE_PLUGIN_NODES,
-                labels={name: mode for name in DEVICE_PLUGIN_NODES},
-            )
-            nodes = nodes_cm.__enter__()
-        except (NodeStartError, nodehost.HostError) as exc:
-            pytest.fail(f"real nodes did not start: {exc}", pytrace=False)
-        try:
-            images = {
-                name: real_images[name].ref for name in (*SERVICES, "device-plugin", "controller")
-            }
-            values = chart_values(images)
-            installed = install(helm_path, cp.kubeconfig, values, run_dir / "values.json")
-
-            def upgrade(changes: dict[str, Any]) -> None:
-                values.update(merged(values, changes))
-                install(helm_path, cp.kubeconfig, values, run_dir / "values.json")
-
-            cluster = Cluster(
-                new_api_client(cp.kubeconfig, user_agent="gpuslice-e2e"),
-                list(NODES),
-                real_images["python-base"].ref,
-                installed.namespace,
-                nodes,
-                upgrade,
-                list(DEVICE_PLUGIN_NODES),
-            )
-            yield cluster, installed, nodes
-        except BaseException:
-            for node in nodes:  # what the nodes said, for the failure at hand
-                print(f"--- {node.name} kubelet log (tail)", file=sys.stderr)
-                print("\n".join(node.kubelet_log().splitlines()[-40:]), file=sys.stderr)
-            raise
-        finally:
-            nodes_cm.__exit__(None, None, None)
+        yield from _cluster_from_registry(cp, run_dir, helm_path, published)
     finally:
         left = cp.stop()
         assert not left, f"control plane left behind: {left}"
 
 
+def _cluster_from_registry(
+    cp: ControlPlane, run_dir: Path, helm_path: Path, published: Summary
+) -> Iterator[tuple[Cluster, Installed, RealNodes]]:
+    registry = published.registry
+    try:
+        mode = {"gpuslice.dev/mode": "device-plugin"}
+        nodes_cm = RealNodes.started(
+            cp,
+            NODES + DEVICE_PLUGIN_NODES,
+            labels={name: mode for name in DEVICE_PLUGIN_NODES},
+            import_names=("pause",),  # the sandbox image a node is configured with
+            registries={registry: f"http://{registry}"},
+        )
+        nodes = nodes_cm.__enter__()
+    except (NodeStartError, nodehost.HostError) as exc:
+        pytest.fail(f"real nodes did not start: {exc}", pytrace=False)
+    try:
+        values = chart_values(registry=published.image_registry)
+        chart_args = ("--version", VERSION, "--plain-http")
+
+        def helm_install() -> Installed:
+            return install(
+                helm_path,
+                cp.kubeconfig,
+                values,
+                run_dir / "values.json",
+                chart=published.chart.ref,
+                chart_args=chart_args,
+            )
+
+        installed = helm_install()  # cold: every node pulls every image it runs
+
+        def upgrade(changes: dict[str, Any]) -> None:
+            values.update(merged(values, changes))
+            helm_install()
+
+        cluster = Cluster(
+            new_api_client(cp.kubeconfig, user_agent="gpuslice-e2e"),
+            list(NODES),
+            published.images["python-base"].ref,
+            installed.namespace,
+            nodes,
+            upgrade,
+            list(DEVICE_PLUGIN_NODES),
+        )
+        yield cluster, installed, nodes
+    except BaseException:
+        for node in nodes:  # what the nodes said, for the failure at hand
+            print(f"--- {node.name} kubelet log (tail)", file=sys.stderr)
+            print("\n".join(node.kubelet_log().splitlines()[-40:]), file=sys.stderr)
+        raise
+    finally:
+        nodes_cm.__exit__(None, None, None)
+
+
 def test_chart_runs_from_our_images_on_real_kubelets(
-    chart_cluster: tuple[Cluster, Installed, RealNodes],
+    chart_cluster: tuple[Cluster, Installed, RealNodes], published: Summary
 ) -> None:
     cluster, installed, nodes = chart_cluster
     print(f"helm install --wait: {installed.seconds:.1f}s; nodes: {nodes.timings}")
@@ -145,6 +194,10 @@ def test_chart_runs_from_our_images_on_real_kubelets(
         ]
         assert (hook_dir / "bin" / "gpuslice-enforcer-hook").read_bytes() == go_hook().read_bytes()
         assert not nodes[node].host_path("/opt/gpuslice").exists()
+        # pulled from the release's registry with the chart's pull policy, as on a user's node
+        for container in pod["spec"]["initContainers"] + pod["spec"]["containers"]:
+            assert container["imagePullPolicy"] == "IfNotPresent", container["name"]
+            assert container["image"].startswith(published.image_registry + "/"), container
     # the controller runs from its image, every replica ready (its webhooks: the scenarios)
     controllers = cluster.kube.list(
         resource_path("v1", "pods", namespace=installed.namespace),
