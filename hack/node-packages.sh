@@ -6,6 +6,8 @@
 #   libseccomp-dev, pkg-config   runc is built with the seccomp tag (cgo)
 #   gcc, libc6-dev               the static pause image
 #   iproute2                     the bridges and network namespaces the nodes leave behind are checked
+#   prometheus                   a real Prometheus (and promtool) scrapes the chart through its own monitors
+#                                and judges the shipped alert rules (docs/alerts.md)
 # Nothing happens when every package is already installed. Needs root (or sudo) and Debian's
 # package mirrors; prints the missing packages and how to install them otherwise.
 #
@@ -13,7 +15,7 @@
 #   --check   exit 1 (with the list) when a package is missing; install nothing
 set -euo pipefail
 
-PACKAGES=(buildah debootstrap containernetworking-plugins libseccomp-dev pkg-config gcc libc6-dev iproute2)
+PACKAGES=(buildah debootstrap containernetworking-plugins libseccomp-dev pkg-config gcc libc6-dev iproute2 prometheus)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
