@@ -181,10 +181,16 @@ def test_every_dashboard_query_is_found_with_its_variables_filled_in() -> None:
         for target in panel.get("targets") or []
     ]
     assert len(panels) >= 10
-    assert {f"{title} [{ref}]" for title, ref in panels} | {"$node", "$namespace"} == set(queries)
-    assert queries["$node"] == "gpuslice_gpu_memory_total_bytes"  # label_values' series
+    variables = [v for v in dashboard()["templating"]["list"] if v["type"] == "query"]
+    assert len(variables) >= 2
+    assert {f"{title} [{ref}]" for title, ref in panels} | {
+        f"${v['name']}" for v in variables
+    } == set(queries)
+    for v in variables:  # label_values(series, label): the series is the PromQL
+        series = v["definition"].removeprefix("label_values(").rsplit(",", 1)[0]
+        assert queries[f"${v['name']}"] == series
     assert not [q for q in queries.values() if "$" in q or "[[" in q]
-    assert any('{node=~".*"}' in q for q in queries.values())
+    assert any('=~".*"}' in q for q in queries.values())  # "All" of a variable
 
 
 @pytest.fixture(scope="module")
