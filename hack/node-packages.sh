@@ -9,6 +9,8 @@
 #   docker-registry              the OCI registry on loopback that images and chart are pushed to (distribution 2.8;
 #                                the system service the package enables is stopped, see the end)
 #   skopeo                       copies the images' OCI archives to that registry, digests kept (hack/release.sh)
+#   prometheus                   a real Prometheus (and promtool) scrapes the chart through its own monitors
+#                                and judges the shipped alert rules (docs/alerts.md)
 # Nothing happens when every package is already installed. Needs root (or sudo) and Debian's
 # package mirrors; prints the missing packages and how to install them otherwise.
 #
@@ -17,7 +19,7 @@
 set -euo pipefail
 
 PACKAGES=(buildah debootstrap containernetworking-plugins libseccomp-dev pkg-config gcc libc6-dev iproute2
-          docker-registry skopeo)
+          docker-registry skopeo prometheus)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -55,8 +57,11 @@ fi
 # Debian's docker-registry package enables a system registry on :5000 (all interfaces). We use
 # only its binary, each run with its own config on a port of its own: stop and disable that
 # service when this run installed the package (a registry someone set up before is left alone).
-if [[ " ${missing[*]} " == *" docker-registry "* ]] && command -v systemctl >/dev/null \
-  && [ -d /run/systemd/system ]; then
-  "${SUDO[@]}" systemctl disable --now docker-registry.service >>/tmp/node-packages.log 2>&1 || true
-  printf '>> stopped and disabled docker-registry.service (gpuslice starts its own registries)\n' >&2
-fi
+# Debian's prometheus package likewise enables a system Prometheus on :9090.
+for service in docker-registry prometheus; do
+  if [[ " ${missing[*]} " == *" $service "* ]] && command -v systemctl >/dev/null \
+    && [ -d /run/systemd/system ]; then
+    "${SUDO[@]}" systemctl disable --now "$service.service" >>/tmp/node-packages.log 2>&1 || true
+    printf '>> stopped and disabled %s.service (gpuslice starts its own)\n' "$service" >&2
+  fi
+done

@@ -195,6 +195,7 @@ def test_the_open_port_names_no_claim_and_no_namespace() -> None:
         "gpuslice_claim_memory_bytes",
         "gpuslice_claim_memory_used_bytes",
         "gpuslice_claim_sm_used_percent",
+        "gpuslice_claim_pending",
     }
     unsynced = t.FixedFeeder(cluster(), synced=False)
     claims = CollectorRegistry()
@@ -223,3 +224,28 @@ def test_live_usage_rows_only_while_the_enforcers_figures_are_current() -> None:
     up = "gpuslice_view_usage_up"
     assert reg.get_sample_value(up, {"node": "node-a", "state": "ok"}) == 1
     assert reg.get_sample_value(up, {"node": "node-b", "state": "unreachable"}) == 0
+
+
+def test_a_pod_waiting_for_an_unallocated_claim_of_ours_is_pending() -> None:
+    view = cluster()
+    view.apply("ResourceClaim", "ADDED", t.claim("ml", "other", device_class="other.example.com"))
+    for pod in (
+        t.pod("ml", "waits", claim="pending"),  # unscheduled, our claim has no allocation
+        t.pod("ml", "runs", claim="a"),  # its claim is allocated
+        t.pod("ml", "elsewhere", claim="other"),  # a claim of another driver's class
+        t.pod("ml", "early", template="tpl"),  # its claim is not created yet
+    ):
+        view.apply("Pod", "ADDED", pod)
+    bound = t.pod("ml", "bound", claim="pending")
+    bound["spec"]["nodeName"] = "node-a"
+    view.apply("Pod", "ADDED", bound)
+    reg = registry(t.FixedFeeder(view, events=EVENTS))
+    text = generate_latest(reg).decode()
+    pending = [line for line in text.splitlines() if line.startswith("gpuslice_claim_pending{")]
+    assert pending == ['gpuslice_claim_pending{claim="pending",namespace="ml",pod="waits"} 1.0']
+    assert (
+        "gpuslice_claim_pending" not in generate_latest(open_registry(t.FixedFeeder(view))).decode()
+    )
+    allocated = t.claim("ml", "pending", results=[t.result("node-a", "gpu-1")], pods=("waits",))
+    view.apply("ResourceClaim", "MODIFIED", allocated)
+    assert "gpuslice_claim_pending{" not in generate_latest(reg).decode()

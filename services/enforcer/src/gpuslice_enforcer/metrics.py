@@ -1,8 +1,8 @@
 """Prometheus metrics of the enforcer (one registry per enforcer instance).
 
 Per share and device (labels ``claim_uid``, ``device``): memory used and limit, SM use and limit,
-throttled time, kills; violations by resource and action; the mechanism in force per resource
-and the share's level (info-style gauges set to 1).
+throttled time, kills, processes caught bypassing MPS; violations by resource and action; the
+mechanism in force per resource and the share's level (info-style gauges set to 1).
 
 A share is named by its claim's UID only. The endpoint needs no credentials (node pods, port
 9402), and a claim's namespace and name are tenant data: who runs what where. A UID says nothing
@@ -50,6 +50,13 @@ class EnforcerMetrics:
         self.kills = Counter(
             _share("kills"), "Processes killed over the memory limit.", _SHARE, registry=r
         )
+        self.bypasses = Counter(
+            _share("bypasses"),
+            "Processes of the share caught running beside its MPS server instead of through it "
+            "(each counted once, whether killed or only reported).",
+            _SHARE,
+            registry=r,
+        )
         self.violations = Counter(
             _share("violations"),
             "Limit breaches observed, by resource and action.",
@@ -92,6 +99,7 @@ class EnforcerMetrics:
                 self.sm_limit,
                 self.throttled,
                 self.kills,
+                self.bypasses,
             ):
                 with contextlib.suppress(KeyError):
                     metric.remove(*labels)

@@ -419,10 +419,12 @@ class Watchdog:
         if share.memory_mechanism is Mechanism.NONE and share.cores_mechanism is Mechanism.NONE:
             return ""
         if self.config.sm_action == "throttle":
-            mine = [i for i in mine if not (i.bypass and self._kill_bypasser(i, usage))]
+            mine = [i for i in mine if not (i.bypass and self._kill_bypasser(i, usage, runtime))]
         bypassing = sorted(item.info.pid for item in mine if item.bypass)
         seen = {(item.info.pid, item.start) for item in mine if item.bypass}
         runtime.new_bypasser = bool(seen - runtime.bypassers)
+        if seen - runtime.bypassers:
+            self.metrics.bypasses.labels(*_labels(share, usage)).inc(len(seen - runtime.bypassers))
         runtime.bypassers = seen
         if bypassing:
             why = (
@@ -452,7 +454,7 @@ class Watchdog:
             )
         return ""
 
-    def _kill_bypasser(self, item: _Owned, usage: DeviceUsage) -> bool:
+    def _kill_bypasser(self, item: _Owned, usage: DeviceUsage, runtime: _Runtime) -> bool:
         """Kill a process of an MPS share that runs beside the MPS server instead of through
         it; True once it is killed (now or in an earlier sample).
 
@@ -470,6 +472,8 @@ class Watchdog:
         self._killed[key] = self._clock()
         usage.kills += 1
         self.metrics.kills.labels(*_labels(share, usage)).inc()
+        if key not in runtime.bypassers:  # else counted when it was first seen
+            self.metrics.bypasses.labels(*_labels(share, usage)).inc()
         self._violation(
             share,
             usage,

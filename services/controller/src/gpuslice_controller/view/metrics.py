@@ -35,7 +35,12 @@ authorization admits): the series labelled with a claim's namespace and name:
   ``gpuslice_claim_memory_bytes``: what an allocated claim holds of one device (a claim with two
   requests on one device: their sum; a whole device: all of it);
 - ``gpuslice_claim_memory_used_bytes``, ``gpuslice_claim_sm_used_percent``: claim labels, what
-  the enforcer measures of the claim's share on the device, likewise only while current.
+  the enforcer measures of the claim's share on the device, likewise only while current;
+- ``gpuslice_claim_pending{namespace,claim,pod}``: 1 for each pod that is not scheduled yet
+  and waits for one of our claims that has no allocation, as kube-state-metrics'
+  ``kube_pod_status_phase{phase="Pending"}`` (the alert ``GpusliceClaimPending`` says how long
+  through its ``for``). A claim no pod uses is not pending: the scheduler allocates a claim only
+  for a pod.
 
 Until the view has synced only the view's two series are given (a half-listed cluster would
 show GPUs as free that are not) and no claim series.
@@ -86,6 +91,8 @@ class GpuSample:
 
 
 ClaimLabels = tuple[str, str, str, str]
+PendingLabels = tuple[str, str, str]
+PENDING_LABELS = ("namespace", "claim", "pod")
 
 
 @dataclass(frozen=True)
@@ -97,6 +104,8 @@ class Snapshot:
     """(namespace, claim, node, device) -> (memory used, SM percent used), current ones only"""
     nodes_live: Mapping[str, str] = field(default_factory=dict)
     """node -> state of its enforcer's latest scrape"""
+    pending: tuple[PendingLabels, ...] = ()
+    """(namespace, claim, pod) of each unscheduled pod's unallocated claim of ours"""
 
 
 def snapshot(view: ClusterView, now: float | None = None) -> Snapshot:
@@ -143,7 +152,21 @@ def snapshot(view: ClusterView, now: float | None = None) -> Snapshot:
             had = claims.get(key, (0, 0))
             claims[key] = (had[0] + cores, had[1] + memory)
     nodes = {node: n.state_at(now, view.live_stale_after) for node, n in view.live.items()}
-    return Snapshot(tuple(gpus), claims, claims_live, nodes)
+    return Snapshot(tuple(gpus), claims, claims_live, nodes, pending_claims(view))
+
+
+def pending_claims(view: ClusterView) -> tuple[PendingLabels, ...]:
+    """(namespace, claim, pod) for every pod not bound to a node that waits for a claim of
+    ours without an allocation (a claim being deleted is not waited for)."""
+    found = set()
+    for pod in view.pods.values():
+        if pod.node or pod.phase not in ("", "Pending"):
+            continue
+        for ref in pod.claims:
+            claim = view.claims.get((pod.namespace, ref.claim)) if ref.claim else None
+            if claim and not claim.allocated and not claim.deleting and view.ours(claim):
+                found.add((pod.namespace, claim.name, pod.name))
+    return tuple(sorted(found))
 
 
 class ViewCollector(Collector):
@@ -285,4 +308,11 @@ def claim_families(snap: Snapshot) -> Iterator[Metric]:
     for key, (m, sm) in sorted(snap.claims_live.items()):
         claim_memory_used.add_metric(list(key), m)
         claim_sm_used.add_metric(list(key), sm)
-    yield from (claim_cores, claim_memory, claim_memory_used, claim_sm_used)
+    pending = gauge(
+        metric_name(Subsystem.CLAIM, "pending"),
+        "1 for each unscheduled pod waiting for a claim of this driver that has no allocation.",
+        PENDING_LABELS,
+    )
+    for labels in snap.pending:
+        pending.add_metric(list(labels), 1)
+    yield from (claim_cores, claim_memory, claim_memory_used, claim_sm_used, pending)
