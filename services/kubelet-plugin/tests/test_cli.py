@@ -36,7 +36,7 @@ FLAGS = {
     "--ignored-xids": "IGNORED_XIDS",
     "--gc-interval": "GC_INTERVAL",
     "--rescan-interval": "RESCAN_INTERVAL",
-    "--driver-root": "NVIDIA_DRIVER_ROOT",
+    "--driver-root": "GPUSLICE_DRIVER_ROOT",
     "--nvidia-cdi-kind": "NVIDIA_CDI_KIND",
     "--shutdown-grace": "SHUTDOWN_GRACE",
     "--log-level": "LOG_LEVEL",

@@ -65,17 +65,26 @@ LIBRARIES = (
 )
 """Library names without their version; every versioned file or link of each is mounted."""
 LIBRARY_DIRS = (
+    # NVIDIA's order (nvidia-container-toolkit internal/lookup/library.go, which NVIDIA's DRA
+    # driver uses with its driver root to find libnvidia-ml.so.1), then where GKE and plain
+    # /usr/lib installs put them
+    "usr/lib64",
     "usr/lib/x86_64-linux-gnu",
     "usr/lib/aarch64-linux-gnu",
+    "usr/lib/x86_64-linux-gnu/nvidia/current",
+    "usr/lib/aarch64-linux-gnu/nvidia/current",
+    "lib64",
     "lib/x86_64-linux-gnu",
     "lib/aarch64-linux-gnu",
-    "usr/lib64",
-    "lib64",
+    "lib/x86_64-linux-gnu/nvidia/current",
+    "lib/aarch64-linux-gnu/nvidia/current",
     "usr/local/nvidia/lib64",
     "usr/lib",
     "lib",
 )
-"""Searched in this order, relative to the driver root; per library the first that has it."""
+"""Searched in this order, relative to the driver root; per library the first that has it. The
+same list finds the ``libnvidia-ml.so.1`` the services load (``gpuslice_nvml.real.library``), so
+a container gets the library the plugin itself talks to."""
 BINARIES = (
     "nvidia-smi",
     "nvidia-debugdump",
@@ -202,20 +211,40 @@ class DriverRoot:
         )
 
     def _resolve(self, path: Path) -> Path | None:
-        """The file ``path`` names, following links as the host would: an absolute link
-        target is under the driver root, not under this process's ``/``. None for a dangling
-        link, a loop or a target that is not a regular file."""
-        for _ in range(40):
-            if not path.is_symlink():
-                return path if path.is_file() else None
-            target = path.readlink()
-            if target.is_absolute():
-                path = self.path / target.relative_to("/")
-            else:
-                path = Path(os.path.normpath(path.parent / target))
-            if not path.is_relative_to(self.path):
-                return None
-        return None
+        return resolve(self.path, path)
+
+
+def resolve(root: Path, path: Path) -> Path | None:
+    """The file ``path`` (under ``root``) names, following links as the host would: an absolute
+    link target is under the driver root, not under this process's ``/``. None for a missing
+    file, a dangling link, a loop, a link out of the root or a target that is not a regular
+    file."""
+    for _ in range(40):
+        if not path.is_symlink():
+            return path if path.is_file() else None
+        target = path.readlink()
+        if target.is_absolute():
+            path = root / target.relative_to("/")
+        else:
+            path = Path(os.path.normpath(path.parent / target))
+        if not path.is_relative_to(root):
+            return None
+    return None
+
+
+def library_candidates(root: Path, filename: str) -> list[Path]:
+    """Where ``filename`` (e.g. ``libnvidia-ml.so.1``) is looked for under ``root``, in order."""
+    return [root / directory / filename for directory in LIBRARY_DIRS]
+
+
+def find_library(root: Path, filename: str) -> Path | None:
+    """The first of :func:`library_candidates` that is (or links to) a file under ``root``:
+    the file itself, links resolved within the root; None when no directory has it."""
+    for candidate in library_candidates(root, filename):
+        found = resolve(root, candidate)
+        if found is not None:
+            return found
+    return None
 
 
 def _device_minor(access: Path) -> int:

@@ -214,16 +214,6 @@ def build_parser() -> EnvArgumentParser:
         help="Seconds between device rescans (MIG layout changes, enforcer capabilities).",
     )
     f(
-        "--driver-root",
-        env="NVIDIA_DRIVER_ROOT",
-        type=Path,
-        default=Path("/"),
-        help=(
-            "Root of the NVIDIA driver installation as this process sees it; device nodes are"
-            " taken from <root>/dev and the driver's libraries from under it."
-        ),
-    )
-    f(
         "--driver-root-host",
         env="NVIDIA_DRIVER_ROOT_HOST",
         type=Path,
