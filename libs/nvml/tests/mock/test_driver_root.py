@@ -22,9 +22,25 @@ import pytest
 
 from gpuslice_nvml import mock
 from gpuslice_nvml.fake.node import load_node
-from gpuslice_testkit.nvml_mock import mock_library_dir
 
 pytestmark = pytest.mark.timeout(300)  # a cold build fetches nvml.h from PyPI first
+
+ROOT = Path(__file__).resolve().parents[4]
+
+
+@pytest.fixture(scope="module")
+def mock_lib() -> Path:
+    """The built mock (hack/nvml-mock.sh, cached)."""
+    build = subprocess.run(
+        ["bash", str(ROOT / "hack" / "nvml-mock.sh")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert build.returncode == 0, f"hack/nvml-mock.sh failed:\n{build.stderr}"
+    return Path(build.stdout.strip().splitlines()[-1]) / "libnvidia-ml.so.1"
+
 
 CHILD = textwrap.dedent(
     """
@@ -75,23 +91,23 @@ def node_config(tmp_path: Path) -> Path:
     return config
 
 
-def install(root: Path, directory: str, config: Path) -> Path:
+def install(root: Path, directory: str, config: Path, mock_lib: Path) -> Path:
     """The mock under ``root/directory`` as a driver installs it (a versioned file and the
     soname link), with its node file beside it."""
     lib_dir = root / directory
     lib_dir.mkdir(parents=True)
-    shutil.copyfile(mock_library_dir() / "libnvidia-ml.so.1", lib_dir / "libnvidia-ml.so.580.65.06")
+    shutil.copyfile(mock_lib, lib_dir / "libnvidia-ml.so.580.65.06")
     (lib_dir / "libnvidia-ml.so.1").symlink_to("libnvidia-ml.so.580.65.06")
     mock.write_node_file(load_node(config), lib_dir / mock.LIBRARY_NODE_FILE)
     return lib_dir / "libnvidia-ml.so.580.65.06"
 
 
 def test_the_library_of_the_driver_root_is_loaded_and_answers_for_its_node(
-    tmp_path: Path, node_config: Path
+    tmp_path: Path, node_config: Path, mock_lib: Path
 ) -> None:
     root = tmp_path / "driver-root"
     # NVIDIA's order: usr/lib64 before usr/lib/x86_64-linux-gnu, whose file is not a library
-    library = install(root, "usr/lib64", node_config)
+    library = install(root, "usr/lib64", node_config, mock_lib)
     (root / "usr/lib/x86_64-linux-gnu").mkdir(parents=True)
     (root / "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1").write_bytes(b"not a library")
     got = child(root)
@@ -114,13 +130,13 @@ def test_a_root_without_the_library_names_every_directory_it_tried(tmp_path: Pat
 
 
 def test_a_root_without_the_library_falls_back_to_the_loaders_search_path(
-    tmp_path: Path, node_config: Path
+    tmp_path: Path, node_config: Path, mock_lib: Path
 ) -> None:
     """Today's behaviour stays: a driver root with no library (or none: ``/``) leaves the
     library to the loader, here LD_LIBRARY_PATH as the toolkit's injection or a host install
     would provide it."""
     lib_dir = tmp_path / "lib"
-    library = install(lib_dir, "x", node_config)
+    library = install(lib_dir, "x", node_config, mock_lib)
     empty = tmp_path / "empty-root"
     empty.mkdir()
     for root in (empty, None):
