@@ -668,7 +668,8 @@ CLI_PARSERS = {
 }
 # Flags the chart leaves to their defaults on purpose (docs/helm.md says why).
 UNSET = {
-    "kubelet-plugin": {"KUBECONFIG", "NVIDIA_CDI_KIND"},  # in-cluster; empty by default
+    # in-cluster; empty by default; /proc (a driver root of files' proc/ in tests only)
+    "kubelet-plugin": {"KUBECONFIG", "NVIDIA_CDI_KIND", "GPUSLICE_PROC_ROOT"},
     "enforcer": {"ENFORCER_MPS_CONTROL"},  # empty: nvidia-cuda-mps-control or the fake's
     "mig-manager": {"KUBECONFIG", "MIG_CONFIG_FILE"},  # in-cluster; layouts from --config-map
 }

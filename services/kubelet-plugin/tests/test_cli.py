@@ -37,6 +37,7 @@ FLAGS = {
     "--gc-interval": "GC_INTERVAL",
     "--rescan-interval": "RESCAN_INTERVAL",
     "--driver-root": "GPUSLICE_DRIVER_ROOT",
+    "--proc-root": "GPUSLICE_PROC_ROOT",
     "--nvidia-cdi-kind": "NVIDIA_CDI_KIND",
     "--shutdown-grace": "SHUTDOWN_GRACE",
     "--log-level": "LOG_LEVEL",

@@ -126,7 +126,7 @@ class KubeletPluginApp:
                 unprepared=claims.unprepared,
                 cdi=CdiWriter(
                     ClaimSpecs(s.cdi_root),
-                    driver=DriverRoot(s.driver_root, host=s.driver_root_host),
+                    driver=DriverRoot(s.driver_root, proc=s.proc_root, host=s.driver_root_host),
                     nvidia_cdi_kind=s.nvidia_cdi_kind,
                 ),
                 enforcer=self.enforcer,
