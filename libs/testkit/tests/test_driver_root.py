@@ -112,3 +112,34 @@ def test_the_real_backend_runs_on_the_root_with_no_environment_of_its_own(
     assert gpus == [["NVIDIA A100-SXM4-40GB", 0, True], ["NVIDIA L4", 1, False]]
     assert migs == 1
     assert files.state_path.is_file()
+
+
+def test_a_pending_mig_mode_takes_effect_through_the_roots_nvidia_smi(tmp_path: Path) -> None:
+    """The real backend resets a GPU with the driver root's nvidia-smi (here the fake node's
+    stand-in), not one on PATH: the node pods have none without the toolkit."""
+    config = tmp_path / "node.yaml"
+    config.write_text("gpus:\n  - model: A100-SXM4-40GB\n")
+    files = write_driver_root(tmp_path / "root", config, "node-b", tmp_path / "state")
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", mock.NODE_ENV)}
+    env["PATH"] = "/usr/bin:/bin"  # no nvidia-smi of a test's own
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)  # the stand-in imports gpuslice_nvml
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"  # its python3
+    script = (
+        "import json, sys\n"
+        "from pathlib import Path\n"
+        "from gpuslice_nvml import open_nvml\n"
+        "n = open_nvml('real', None, Path(sys.argv[1]))\n"
+        "before = n.set_mig_mode(0, True)\n"
+        "after = n.reset_gpu(0)\n"
+        "print(json.dumps([[before.current, before.pending], [after.current, after.pending]]))\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script, str(files.root)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(run.stdout) == [[False, True], [True, True]]

@@ -24,9 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import yaml
+
 from gpuslice_nvml import mock
-from gpuslice_nvml.fake.config import load_config_file
-from gpuslice_nvml.fake.node import build_node
+from gpuslice_nvml.fake.node import load_node
 from gpuslice_testkit import nvidia_smi
 
 NvmlBackend = Literal["fake", "mock"]
@@ -101,7 +102,21 @@ _GPU_STRIDE = mock.MAX_GPU_INSTANCES * _GI_STRIDE
 LIBRARY_DIR = "usr/lib/x86_64-linux-gnu"
 #: Stand-ins for what CDI injects besides libnvidia-ml: empty files, only ever bind-mounted.
 STAND_IN_LIBRARIES = ("libcuda.so", "libnvidia-ptxjitcompiler.so")
-STAND_IN_BINARIES = ("nvidia-smi", "nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
+STAND_IN_BINARIES = ("nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
+#: The fake node's config inside the root, for the stand-in nvidia-smi (relative to the root).
+CONFIG_IN_ROOT = "usr/share/gpuslice/fake-nvml.yaml"
+#: ``usr/bin/nvidia-smi``: resets a GPU of the fake node (gpuslice_nvml.fake.smi), finding the
+#: config from its own path, so it works wherever the root is mounted; a service image that
+#: opens NVML has python3 and gpuslice_nvml on its PATH.
+NVIDIA_SMI = f"""#!/usr/bin/env python3
+import sys
+from pathlib import Path
+
+from gpuslice_nvml.fake import smi
+
+config = Path(__file__).resolve().parents[2] / "{CONFIG_IN_ROOT}"
+sys.exit(smi.main(sys.argv[1:], config, config_from=str(config)))
+"""
 
 
 def mig_cap_minor(gpu_minor: int, gpu_instance: int, compute_instance: int | None = None) -> int:
@@ -137,15 +152,22 @@ def write_driver_root(
     ``dev/nvidia-uvm``, ``dev/nvidia-uvm-tools`` and, for MIG-capable GPUs, every
     ``dev/nvidia-caps/nvidia-cap<N>`` as character devices with NVIDIA's majors (made with
     ``mknod``: root only; containerd's CDI refuses a regular file); ``proc/devices`` and
-    ``proc/driver/nvidia/capabilities`` as the driver lists them (for a plugin told to read
-    procfs there); empty stand-ins for the other libraries and binaries CDI specs mount.
-    Re-running it on the same root replaces the files."""
-    config = load_config_file(nvml_config)
+    ``proc/driver/nvidia/capabilities`` as the driver lists them (for a kubelet plugin given
+    ``--proc-root=<root>/proc``); ``usr/bin/nvidia-smi``, a stand-in that resets a GPU of the
+    fake node (how a pending MIG mode takes effect), with the node's config in
+    ``usr/share/gpuslice``; empty stand-ins for the other libraries and binaries CDI specs
+    mount. Re-running it on the same root replaces the files."""
+    # the node is the config as given, named and with its state in state_dir, kept in the
+    # root (the same file, so the same digest, for the mock and the stand-in nvidia-smi)
     state_path = Path(state_dir).resolve() / f"{node_name}.json"
-    node = build_node(
-        config.model_copy(update={"name": node_name, "state_path": str(state_path)}),
-        config_path=Path(nvml_config),
-    )
+    raw = yaml.safe_load(Path(nvml_config).read_text()) or {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"{nvml_config}: a fake NVML config is a mapping")
+    raw.update(name=node_name, statePath=str(state_path))
+    config = root / CONFIG_IN_ROOT
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    node = load_node(config)
     lib_dir = root / LIBRARY_DIR
     lib_dir.mkdir(parents=True, exist_ok=True)
     state_path.parent.mkdir(parents=True, exist_ok=True)
@@ -165,6 +187,8 @@ def write_driver_root(
     for name in STAND_IN_BINARIES:
         (bin_dir / name).write_bytes(b"")
         (bin_dir / name).chmod(0o755)
+    (bin_dir / "nvidia-smi").write_text(NVIDIA_SMI)
+    (bin_dir / "nvidia-smi").chmod(0o755)
 
     devices: dict[Path, tuple[int, int]] = {
         Path(f"dev/nvidia{gpu.index}"): (NVIDIA_MAJOR, gpu.index) for gpu in node.gpus

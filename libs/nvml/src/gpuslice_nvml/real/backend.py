@@ -52,6 +52,7 @@ class RealNvml(Nvml):
     def __init__(self, driver_root: Path | None = None) -> None:
         """Start NVML on the driver root's library (``driver_root``: the driver's root as
         this process sees it; None or ``/``: the loader's search path)."""
+        self._driver_root = driver_root
         try:
             self.library = library.preload(driver_root)
         except OSError as exc:
@@ -283,18 +284,24 @@ class RealNvml(Nvml):
         return self.mig_mode(gpu)
 
     def reset_gpu(self, gpu: int) -> MigMode:
-        """NVML has no public reset call; like mig-parted, run ``nvidia-smi -r``."""
+        """NVML has no public reset call; like mig-parted, run ``nvidia-smi -r`` (the driver
+        root's, on the library this process loaded, where the root has one)."""
         bus_id = self._static_info(gpu).pci_bus_id
+        smi, env = library.nvidia_smi(self._driver_root, self.library)
         try:
             subprocess.run(
-                ["nvidia-smi", "--gpu-reset", "-i", bus_id],
+                [smi, "--gpu-reset", "-i", bus_id],
                 check=True,
                 capture_output=True,
                 text=True,
                 timeout=120,
+                env=env,
             )
         except FileNotFoundError as exc:
-            raise e.nvml_error(e.ERROR_NOT_SUPPORTED, "GPU reset", "nvidia-smi not found") from exc
+            raise e.nvml_error(e.ERROR_NOT_SUPPORTED, "GPU reset", f"{smi} not found") from exc
+        except OSError as exc:  # not executable, not a program for this machine (ENOEXEC)
+            detail = f"cannot run {smi}: {exc}"
+            raise e.nvml_error(e.ERROR_NOT_SUPPORTED, "GPU reset", detail) from exc
         except subprocess.CalledProcessError as exc:
             detail = (exc.stdout + exc.stderr).strip()
             code = e.ERROR_IN_USE if "in use" in detail.lower() else e.ERROR_UNKNOWN

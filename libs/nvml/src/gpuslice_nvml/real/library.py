@@ -28,13 +28,14 @@ the handle it was meant to have. A process holds one libnvidia-ml for its life: 
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pynvml
 
-from gpuslice_core.driverroot import find_library, library_candidates
+from gpuslice_core.driverroot import BINARY_DIRS, find_library, library_candidates, resolve
 
 SONAME = "libnvidia-ml.so.1"
 LOADER = "the loader's search path (ld.so.cache, LD_LIBRARY_PATH)"
@@ -94,6 +95,24 @@ def preload(driver_root: Path | None) -> Library:
         _handle = ctypes.CDLL(str(found), mode=ctypes.RTLD_GLOBAL)
         _loaded = Library(path=found, root=driver_root)
         return _loaded
+
+
+def nvidia_smi(driver_root: Path | None, library: Library) -> tuple[str, dict[str, str] | None]:
+    """The ``nvidia-smi`` to run and its environment: the driver root's (the first of its
+    binary directories that has one), with the directory of the library this process loaded
+    first on ``LD_LIBRARY_PATH`` so it finds the same libnvidia-ml; else ``nvidia-smi`` on
+    ``PATH`` (toolkit injection, a host install) with this process's environment."""
+    if uses_driver_root(driver_root):
+        assert driver_root is not None
+        for directory in BINARY_DIRS:
+            found = resolve(driver_root, driver_root / directory / "nvidia-smi")
+            if found is not None and os.access(found, os.X_OK):
+                env = dict(os.environ)
+                if library.path is not None:
+                    paths = [str(library.path.parent), env.get("LD_LIBRARY_PATH", "")]
+                    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in paths if p)
+                return str(found), env
+    return "nvidia-smi", None
 
 
 def pynvml_uses_it() -> bool:
