@@ -148,7 +148,8 @@ def test_a_mig_device_gets_its_capability_nodes_and_every_device_the_drivers_fil
         (caps / path).mkdir(parents=True)
         (caps / path / "access").write_text(f"DeviceFileMinor: {minor}\n")
     (tmp_path / "proc" / "devices").write_text("241 nvidia-caps\n")
-    w = CdiWriter(ClaimSpecs(tmp_path / "cdi"), driver=DriverRoot(root, proc=tmp_path / "proc"))
+    root_driver = DriverRoot(root, proc=tmp_path / "proc")
+    w = CdiWriter(ClaimSpecs(tmp_path / "cdi"), driver=root_driver)
     static = gpu(0, "small", device="gpu-0-mig-1c-0", kind="mig", uuid="MIG-a", cores=None)
     dynamic = gpu(0, "made", device="gpu-0-mig-3g-4", kind="mig", uuid="MIG-b", cores=None)
     dynamic.gpu_instance_id = 5
@@ -164,8 +165,9 @@ def test_a_mig_device_gets_its_capability_nodes_and_every_device_the_drivers_fil
     assert [n.minor for n in made.device_nodes[1:]] == [50, 51]
     assert "NVIDIA_VISIBLE_DEVICES=void" in mine.env
     assert {m.container_path: m.host_path for m in mine.mounts} == {
-        "/usr/lib64/libcuda.so.1": str(lib / "libcuda.so.580.1"),
-        "/usr/lib64/libcuda.so.580.1": str(lib / "libcuda.so.580.1"),
+        f"{d}/{name}": str(lib / "libcuda.so.580.1")
+        for d in root_driver.system_library_dirs()
+        for name in ("libcuda.so.1", "libcuda.so.580.1")
     }
 
 
