@@ -1,4 +1,5 @@
-"""A stand-in ``nvidia-smi`` for services on the mock libnvidia-ml: ``--gpu-reset -i <bus id>``.
+"""A stand-in ``nvidia-smi`` for services on the mock libnvidia-ml: ``--gpu-reset -i <bus id>``
+(``gpuslice_nvml.fake.smi``), launched from a shim on the service's ``PATH``.
 
 NVML has no reset call; the real backend's ``reset_gpu`` runs ``nvidia-smi --gpu-reset -i
 <bus id>`` (as NVIDIA's mig-parted does), which is how a pending MIG mode takes effect. On the
@@ -10,14 +11,12 @@ ends see the reset. Only the reset is implemented; any other use exits 2 and say
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpuslice_nvml import errors
-from gpuslice_nvml.fake import FakeNvml
+from gpuslice_nvml.fake import smi
 
 CONFIG_ENV = "GPUSLICE_FAKE_NVML_CONFIG"
 """The fake node's YAML config, set by ``nvml_env`` next to the mock's own variable."""
@@ -37,37 +36,8 @@ def write_shim(directory: Path) -> Path:
     return path
 
 
-def _bus(bus_id: str) -> tuple[int, str]:
-    """``00000000:18:00.0`` and ``0000:18:00.0`` alike: (domain, rest), case-insensitive."""
-    domain, _, rest = bus_id.strip().lower().partition(":")
-    return int(domain, 16), rest
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="nvidia-smi (gpuslice test stand-in)")
-    parser.add_argument("-r", "--gpu-reset", action="store_true", help="Reset the GPU.")
-    parser.add_argument("-i", "--id", help="The GPU's PCI bus id.")
-    args, rest = parser.parse_known_args(argv)
-    if not args.gpu_reset or not args.id or rest:
-        print("only `nvidia-smi --gpu-reset -i <bus id>` is implemented here", file=sys.stderr)
-        return 2
-    config = os.environ.get(CONFIG_ENV)
-    if not config:
-        print(f"{CONFIG_ENV} is not set: which fake node?", file=sys.stderr)
-        return 2
-    with FakeNvml.from_config_file(config) as nvml:
-        index = next((g.index for g in nvml.gpus() if _bus(g.pci_bus_id) == _bus(args.id)), None)
-        if index is None:
-            print(f"No devices were found with bus id {args.id}", file=sys.stderr)
-            return 6
-        try:
-            nvml.reset_gpu(index)
-        except errors.NvmlError as exc:
-            in_use = " (in use)" if exc.code == errors.ERROR_IN_USE else ""
-            print(f"Unable to reset GPU {args.id}{in_use}: {exc}", file=sys.stderr)
-            return 1
-    print(f"GPU {args.id} was successfully reset.")
-    return 0
+    return smi.main(argv, os.environ.get(CONFIG_ENV), config_from=CONFIG_ENV)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ log = get_logger(__name__)
 
 
 def _init(args: CommandLine, settings: Settings) -> tuple[Nvml, list[Resource]]:
-    nvml = open_nvml(args.nvml, args.fake_nvml_config)
+    nvml = open_nvml(args.nvml, args.fake_nvml_config, args.driver_root)
     try:
         resources = discover(nvml, settings)
     except BaseException:

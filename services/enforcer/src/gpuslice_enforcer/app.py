@@ -161,7 +161,7 @@ def run(settings: Settings) -> int:
     configure_logs(settings.log_level, settings.node_name, settings.log_format)
     signals = StopSignals()  # before anything serves (gpuslice_core.grpcserver)
     try:
-        nvml = open_nvml(settings.nvml, settings.fake_nvml_config)
+        nvml = open_nvml(settings.nvml, settings.fake_nvml_config, settings.driver_root)
         app = EnforcerApp(settings, nvml)
         app.start()
     except GpusliceError as exc:

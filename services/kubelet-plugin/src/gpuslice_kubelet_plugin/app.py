@@ -126,7 +126,7 @@ class KubeletPluginApp:
                 unprepared=claims.unprepared,
                 cdi=CdiWriter(
                     ClaimSpecs(s.cdi_root),
-                    driver=DriverRoot(s.driver_root, host=s.driver_root_host),
+                    driver=DriverRoot(s.driver_root, proc=s.proc_root, host=s.driver_root_host),
                     nvidia_cdi_kind=s.nvidia_cdi_kind,
                 ),
                 enforcer=self.enforcer,
@@ -260,7 +260,7 @@ def run(settings: Settings) -> int:
     gslog.configure(component=PROG, level=settings.log_level, log_format=settings.log_format)
     signals = StopSignals()  # before anything serves (gpuslice_core.grpcserver)
     try:
-        nvml = open_nvml(settings.nvml, settings.fake_nvml_config)
+        nvml = open_nvml(settings.nvml, settings.fake_nvml_config, settings.driver_root)
     except GpusliceError as exc:
         log.error("cannot open NVML", error=str(exc))
         return 2
