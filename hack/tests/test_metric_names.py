@@ -129,9 +129,7 @@ def test_each_name_starts_with_its_services_prefix(service: str) -> None:
 def test_the_names_are_the_ones_dashboards_know() -> None:
     """The shared parts spell the names the Grafana dashboard and the docs use."""
     assert NAMESPACE == "gpuslice"
-    assert (
-        metric_name(Subsystem.ENFORCER, "share_sm_percent") == "gpuslice_enforcer_share_sm_percent"
-    )
+    assert metric_name(Subsystem.ENFORCER, "share_sm_ratio") == "gpuslice_enforcer_share_sm_ratio"
     assert metric_name(Subsystem.KUBELET_PLUGIN, "prepare") == "gpuslice_kubelet_plugin_prepare"
     names = set().union(*exported().values())
     assert {
@@ -142,7 +140,7 @@ def test_the_names_are_the_ones_dashboards_know() -> None:
         "gpuslice_container_gpu_memory_used_bytes",
         "gpuslice_controller_admission",
         "gpuslice_view_synced",
-        "gpuslice_gpu_cores_allocated_percent",
+        "gpuslice_gpu_cores_allocated_ratio",
         "gpuslice_claim_memory_bytes",
     } <= names
 
