@@ -61,7 +61,7 @@ def exported() -> dict[str, set[str]]:
     registry = CollectorRegistry()
     DevicePluginMetrics(registry)
     device_plugin = families([registry])
-    device_plugin |= {f.name for f in ContainerCollector("node", None, {}).describe()}  # type: ignore[arg-type]
+    device_plugin |= {f.name for f in ContainerCollector(None, {}).describe()}  # type: ignore[arg-type]
     module_level: list[MetricWrapperBase] = [
         connections.OPEN,
         connections.CLOSED,
