@@ -21,7 +21,6 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.metrics_core import Metric
-from prometheus_client.registry import Collector
 
 from gpuslice_controller import connections
 from gpuslice_controller.admission import review
@@ -34,13 +33,6 @@ from gpuslice_kubelet_plugin.metrics import PluginMetrics
 from gpuslice_mig_manager.metrics import Metrics as MigManagerMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def families(collectors: Iterable[Collector]) -> set[str]:
-    registry = CollectorRegistry()
-    for collector in collectors:
-        registry.register(collector)
-    return {family.name for family in registry.collect()}
 
 
 class _ViewSource:
