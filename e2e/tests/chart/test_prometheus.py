@@ -216,7 +216,7 @@ def test_every_query_of_the_dashboard_and_the_rules_runs(empty_prometheus: Prome
             failed[name] = str(exc)
     assert failed == {}
     with pytest.raises(PrometheusError, match="bad_data"):  # the check can fail
-        empty_prometheus.query("sum by (node) (gpuslice_gpu_tainted")
+        empty_prometheus.query("sum by (Hostname) (gpuslice_gpu_tainted")
 
 
 @needs_prometheus
