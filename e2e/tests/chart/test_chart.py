@@ -576,6 +576,10 @@ def test_controller_metrics_are_scraped_at_both_doors(helm_bin: Path) -> None:
     )
     plain, claims = monitor["spec"]["endpoints"]
     assert (plain["port"], plain["path"]) == ("metrics", "/metrics") and "scheme" not in plain
+    # The per-GPU series name the GPU's node as Hostname; it wins over the controller's own.
+    assert plain["honorLabels"] is True
+    hostname = [{"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "Hostname"}]
+    assert plain["relabelings"] == claims["relabelings"] == hostname
     assert (claims["port"], claims["scheme"], claims["path"]) == (
         "webhook",
         "https",

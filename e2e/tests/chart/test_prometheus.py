@@ -111,11 +111,13 @@ def test_scrape_configs_are_the_operators_for_every_monitor(helm_bin: Path, tmp_
         "target_label": "job",
     } in relabels
     assert {"target_label": "endpoint", "replacement": node[0]} in relabels
-    # The monitor's own relabelling comes last, after the operator's labels.
-    assert relabels[-1] == {
-        "source_labels": ["__meta_kubernetes_pod_node_name"],
-        "target_label": "node",
-    }
+    # The monitor's own relabelling comes last, after the operator's labels: every endpoint of
+    # every monitor names the node as dcgm-exporter does ("Hostname").
+    hostname = {"source_labels": ["__meta_kubernetes_pod_node_name"], "target_label": "Hostname"}
+    assert relabels[-1] == hostname
+    assert [job for job, c in configs.items() if c["relabel_configs"][-1] != hostname] == []
+    plain = configs["serviceMonitor/gpuslice/gpuslice-controller/0"]
+    assert plain["honor_labels"] is True  # a GPU's series name the GPU's node, not ours
 
     view = configs["serviceMonitor/gpuslice/gpuslice-controller/1"]
     assert view["scheme"] == "https" and view["metrics_path"] == "/view/metrics"
@@ -214,7 +216,7 @@ def test_every_query_of_the_dashboard_and_the_rules_runs(empty_prometheus: Prome
             failed[name] = str(exc)
     assert failed == {}
     with pytest.raises(PrometheusError, match="bad_data"):  # the check can fail
-        empty_prometheus.query("sum by (node) (gpuslice_gpu_tainted")
+        empty_prometheus.query("sum by (Hostname) (gpuslice_gpu_tainted")
 
 
 @needs_prometheus
@@ -375,7 +377,7 @@ def test_targets_are_discovered_through_the_chart_monitors(
     assert len(targets) == len(node_ports) + 2 + len(plugin_ports)
     for port in node_ports:
         t = labels_of("gpuslice-node-metrics", port)
-        assert (t["namespace"], t["service"], t["pod"], t["node"]) == (
+        assert (t["namespace"], t["service"], t["pod"], t["Hostname"]) == (
             ns,
             "gpuslice-node-metrics",
             node_pod,
@@ -387,5 +389,5 @@ def test_targets_are_discovered_through_the_chart_monitors(
     assert labels_of("gpuslice-controller", "webhook")["service"] == "gpuslice-controller"
     for port in plugin_ports:
         t = labels_of(f"{ns}/gpuslice-device-plugin", port)
-        assert (t["namespace"], t["pod"], t["node"]) == (ns, plugin_pod, node)
+        assert (t["namespace"], t["pod"], t["Hostname"]) == (ns, plugin_pod, node)
     assert rules == {r["alert"] for r in rules_of(RULES)}

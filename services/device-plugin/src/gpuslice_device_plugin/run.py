@@ -96,9 +96,7 @@ def _container_metrics(
         return None
     client = PodResourcesClient(Path(args.pod_resources_socket), {r.name for r in resources})
     sources = Sources(client.list, nvml, pods=node.pods if node is not None else None)
-    name = node.name if node is not None else (args.node_name or "")
     collector = ContainerCollector(
-        name,
         sources,
         _device_table(nvml, resources, shares),
         on_error=lambda source: metrics.container_errors.labels(source=source).inc(),

@@ -114,7 +114,7 @@ class EnforcerApp:
         return self._health_server.port if self._health_server else None
 
     def _mps_restarted(self, daemon: DaemonRecord) -> None:
-        self.metrics.mps_restarts.labels(device=daemon.gpu_uuid).inc()
+        self.metrics.mps_restarts.labels(gpu=str(daemon.gpu_index), UUID=daemon.gpu_uuid).inc()
 
     def start(self) -> None:
         if self.settings.health_addr:  # first: the start-up probe answers 503, not refused

@@ -284,7 +284,7 @@ class Watchdog:
                 processes = [p for p in processes if p.pid not in clients] + mps
             samples = self.nvml.process_utilization(gpu, self._last_ts.get(gpu, 0))
         except NvmlError as exc:
-            self.metrics.sample_errors.labels(device=str(gpu)).inc()
+            self.metrics.sample_errors.labels(gpu=str(gpu)).inc()
             if now - self._error_logged.get(gpu, -REPORT_EVERY_S) >= REPORT_EVERY_S:
                 self._error_logged[gpu] = now  # a persistent error is logged every 10 s
                 log.warning("watchdog sample failed; nothing enforced", gpu=gpu, error=str(exc))
@@ -695,8 +695,8 @@ class Watchdog:
         labels = _labels(share, usage)
         self.metrics.memory_used.labels(*labels).set(usage.memory_used)
         self.metrics.memory_limit.labels(*labels).set(usage.memory_limit)
-        self.metrics.sm_used.labels(*labels).set(usage.sm_percent)
-        self.metrics.sm_limit.labels(*labels).set(usage.sm_limit)
+        self.metrics.sm_used.labels(*labels).set(usage.sm_percent / 100)
+        self.metrics.sm_limit.labels(*labels).set(usage.sm_limit / 100)
 
     # -- queries and share changes --------------------------------------------------------
     def usage(self, share: ShareRecord) -> list[DeviceUsage]:
@@ -738,8 +738,10 @@ class Watchdog:
                 self._apply(runtime, frozen=False)
 
 
-def _labels(share: ShareRecord, usage: DeviceUsage) -> tuple[str, str]:
-    return (share.claim_uid, usage.device_uuid)
+def _labels(share: ShareRecord, usage: DeviceUsage) -> tuple[str, str, str]:
+    """``claim_uid``, ``gpu`` (the index, as dcgm-exporter writes it), ``UUID``."""
+    index = dict(zip(share.device_uuids, share.gpu_indices, strict=False)).get(usage.device_uuid)
+    return (share.claim_uid, "" if index is None else str(index), usage.device_uuid)
 
 
 def match_share(groups: cg.ProcessCgroups, shares: list[ShareRecord]) -> ShareRecord | None:
