@@ -115,13 +115,22 @@ def test_scrape_configs_are_the_operators_for_every_monitor(helm_bin: Path, tmp_
     # every monitor names the node as dcgm-exporter does ("Hostname").
     hostname = {"source_labels": ["__meta_kubernetes_pod_node_name"], "target_label": "Hostname"}
     assert relabels[-1] == hostname
-    assert [job for job, c in configs.items() if c["relabel_configs"][-1] != hostname] == []
+    view_job = "serviceMonitor/gpuslice/gpuslice-controller/1"  # tenants' claims, see below
+    assert [
+        job
+        for job, c in configs.items()
+        if c["relabel_configs"][-1] != hostname and job != view_job
+    ] == []
     plain = configs["serviceMonitor/gpuslice/gpuslice-controller/0"]
     assert plain["honor_labels"] is True  # a GPU's series name the GPU's node, not ours
 
     view = configs["serviceMonitor/gpuslice/gpuslice-controller/1"]
     assert view["scheme"] == "https" and view["metrics_path"] == "/view/metrics"
     assert view["honor_labels"] is True
+    assert view["relabel_configs"][-1] == {
+        "action": "labeldrop",
+        "regex": "(pod|container|namespace|service)",
+    }
     assert view["tls_config"] == {
         "ca_file": str(files.ca),
         "server_name": "gpuslice-controller.gpuslice.svc",
@@ -386,7 +395,11 @@ def test_targets_are_discovered_through_the_chart_monitors(
     # The container behind the port, found by its number (sidecars, which are init containers,
     # are not looked at by Prometheus 2.42's endpoints discovery).
     assert labels_of("gpuslice-node-metrics", "plugin")["container"] == "kubelet-plugin"
-    assert labels_of("gpuslice-controller", "webhook")["service"] == "gpuslice-controller"
+    assert labels_of("gpuslice-controller", "metrics")["service"] == "gpuslice-controller"
+    # the per-claim endpoint's series name tenants' claims: no target label of the controller
+    # pod stands in for theirs
+    view = labels_of("gpuslice-controller", "webhook")
+    assert not {"pod", "container", "namespace", "service"} & set(view), view
     for port in plugin_ports:
         t = labels_of(f"{ns}/gpuslice-device-plugin", port)
         assert (t["namespace"], t["pod"], t["Hostname"]) == (ns, plugin_pod, node)

@@ -34,7 +34,7 @@ from e2e.sandbox.realnode import Image, RealNodes
 from e2e.sandbox.realnode import StartError as NodeStartError
 from e2e.scenarios.chart import Installed, install
 from e2e.scenarios.cluster import Cluster, attribute, merged, request
-from e2e.scenarios.nodes import SHARE_GPU, chart_values
+from e2e.scenarios.nodes import FAKE_NODE, SHARE_GPU, chart_values
 from e2e.scenarios.user import SCENARIOS
 from e2e.support.prometheus import MONITORING_CRDS, dashboard
 from gpuslice_kube.client import new_api_client
@@ -42,6 +42,7 @@ from gpuslice_kube.raw import Obj, RawApi, resource_path
 from gpuslice_testkit.core import wait_for
 from gpuslice_testkit.enforcer import go_hook
 from gpuslice_testkit.kube_sd import KubernetesDiscovery
+from gpuslice_testkit.nvml_mock import write_driver_root
 from gpuslice_testkit.prometheus import (
     Prometheus,
     dashboard_queries,
@@ -64,6 +65,20 @@ VERSION = "0.1.0-e2e"  # the release the tier publishes to its registry (chart a
 # the controller's /view/metrics), the chart's monitors and rules as the operator reads them
 MONITORING_NS, PROMETHEUS_SA = "monitoring", "prometheus"
 SA_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+# The NVIDIA driver of every GPU node, as files: the mock libnvidia-ml.so.1 answering for the
+# fake node of e2e/scenarios/nodes.py, its device nodes and capabilities (write_driver_root).
+# The node pods run the real NVML backend on it, loading the library from the driver root
+# they mount, as on a GPU node without the NVIDIA Container Toolkit.
+DRIVER_ROOT = "/var/lib/gpuslice-driver"  # the same path on every node, each with its own files
+MOCK_STATE_DIR = Path("/var/run/gpuslice/nvml-mock")  # under hostPaths.runDir: every NVML
+# container mounts it read-write at the same path
+DRIVER_VALUES: dict[str, Any] = {
+    "nvml": {"backend": "real", "driverRoot": DRIVER_ROOT},
+    # the MIG capabilities of the driver root's proc/, so MIG devices get their cap nodes
+    "kubeletPlugin": {"extraEnv": [{"name": "GPUSLICE_PROC_ROOT", "value": "/driver-root/proc"}]},
+    # the device plugin's pod mounts the run dir (the mock's state) with its enforcer
+    "devicePlugin": {"enforcer": {"enabled": True}},
+}
 MONITORING_VALUES: dict[str, Any] = {
     "metrics": {
         "serviceMonitor": {"enabled": True, "interval": "2s"},
@@ -154,7 +169,16 @@ def _cluster_from_registry(
         pytest.fail(f"real nodes did not start: {exc}", pytrace=False)
     try:
         _prepare_monitoring(RawApi(new_api_client(cp.kubeconfig, user_agent="gpuslice-e2e")))
-        values = merged(chart_values(registry=published.image_registry), MONITORING_VALUES)
+        config = run_dir / "fake-node.yaml"
+        config.write_text(yaml.safe_dump(FAKE_NODE))
+        for node in nodes:
+            write_driver_root(node.host_path(DRIVER_ROOT), config, node.name, MOCK_STATE_DIR)
+            node.host_path(str(MOCK_STATE_DIR)).mkdir(parents=True, exist_ok=True)
+        values = merged(
+            merged(chart_values(registry=published.image_registry), DRIVER_VALUES),
+            MONITORING_VALUES,
+        )
+        values["nvml"].pop("fakeConfig")
         chart_args = ("--version", VERSION, "--plain-http")
 
         def helm_install() -> Installed:
@@ -422,10 +446,14 @@ def test_prometheus_scrapes_every_component_and_the_dashboard_and_alerts_find_th
         # each controller replica's two endpoints
         want = 3 * len(cluster.gpu_nodes) + len(cluster.device_plugin_nodes) + 2 * 2
 
-        def all_up() -> list[Obj] | None:
+        def all_up() -> list[Obj]:
             targets = prometheus.targets()
             healthy = [t for t in targets if t["health"] == "up"]
-            return targets if len(healthy) >= want and len(healthy) == len(targets) else None
+            assert len(healthy) >= want and len(healthy) == len(targets), [
+                (t["labels"].get("job"), t["labels"].get("pod"), t["scrapeUrl"], t["lastError"])
+                for t in targets
+            ]
+            return targets
 
         targets = wait_for(all_up, 60, f"{want} targets up")
         assert {t["labels"].get("Hostname") for t in targets} >= set(cluster.gpu_nodes), targets
