@@ -111,3 +111,11 @@ def test_recovery_can_be_turned_off(node: Node) -> None:
     clock.now += 3600
     assert m.check_recovery() is False
     assert taints(m, "gpu-0") != []
+
+
+def test_a_healthy_node_reports_zero_tainted_devices_from_the_start() -> None:
+    """Alerts read the gauge: "no taint" is 0, not a missing series (which means not scraped)."""
+    registry = PluginMetrics().registry
+    name = "gpuslice_kubelet_plugin_tainted_devices"
+    for effect in ("NoSchedule", "None"):
+        assert registry.get_sample_value(name, {"effect": effect}) == 0.0

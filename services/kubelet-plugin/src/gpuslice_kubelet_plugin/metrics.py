@@ -72,6 +72,7 @@ class PluginMetrics:
             ["effect"],
             registry=r,
         )
+        self.observe_taints(())  # 0 from the start: an alert tells "none" from "not scraped"
         self.recovered = Counter(
             metric_name(COMPONENT, "recovered_total"),
             "Recovery actions after a crash.",
