@@ -17,11 +17,11 @@ BACKENDS = ("real", "fake")
 
 
 def add_nvml_arguments(parser: EnvArgumentParser) -> None:
-    """Add ``--nvml`` (env ``NVML_BACKEND``) and ``--fake-nvml-config`` (env
-    ``FAKE_NVML_CONFIG``) to a service's parser."""
+    """Add ``--nvml`` (env ``GPUSLICE_NVML``) and ``--fake-nvml-config`` (env
+    ``GPUSLICE_FAKE_NVML_CONFIG``) to a service's parser."""
     parser.add_flag(
         "--nvml",
-        env="NVML_BACKEND",
+        deprecated=["NVML_BACKEND"],
         default="real",
         choices=BACKENDS,
         help=(
@@ -31,7 +31,7 @@ def add_nvml_arguments(parser: EnvArgumentParser) -> None:
     )
     parser.add_flag(
         "--fake-nvml-config",
-        env="FAKE_NVML_CONFIG",
+        deprecated=["FAKE_NVML_CONFIG"],
         default=None,
         help="Path of the fake node's YAML config; required with --nvml=fake, ignored otherwise.",
     )
@@ -51,7 +51,7 @@ def open_nvml(backend: str, fake_config: str | Path | None = None) -> Nvml:
     if backend == "fake":
         if not fake_config:
             raise InvalidArgumentError(
-                "--nvml=fake needs --fake-nvml-config (env FAKE_NVML_CONFIG): "
+                "--nvml=fake needs --fake-nvml-config (env GPUSLICE_FAKE_NVML_CONFIG): "
                 "the path of the fake node's YAML config"
             )
         from gpuslice_nvml.fake import FakeNvml

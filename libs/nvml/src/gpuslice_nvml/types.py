@@ -10,6 +10,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+#: The environment variable that names the fake node's YAML config: read by ``--fake-nvml-config``
+#: and by the fake's tools (fake.ctl, fake.workload, mock, the MPS stand-in, the fake nvidia-smi).
+FAKE_NVML_CONFIG_ENV = "GPUSLICE_FAKE_NVML_CONFIG"
+
 MIB = 1024 * 1024
 GIB = 1024 * MIB
 

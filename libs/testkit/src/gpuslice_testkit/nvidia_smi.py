@@ -18,8 +18,9 @@ from pathlib import Path
 
 from gpuslice_nvml import errors
 from gpuslice_nvml.fake import FakeNvml
+from gpuslice_nvml.types import FAKE_NVML_CONFIG_ENV
 
-CONFIG_ENV = "GPUSLICE_FAKE_NVML_CONFIG"
+CONFIG_ENV = FAKE_NVML_CONFIG_ENV
 """The fake node's YAML config, set by ``nvml_env`` next to the mock's own variable."""
 
 

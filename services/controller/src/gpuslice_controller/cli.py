@@ -134,13 +134,13 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_flag(
         "--namespace",
-        env="POD_NAMESPACE",
+        deprecated=["POD_NAMESPACE"],
         default="gpuslice",
         help="Namespace of the controller's Lease and of the Secret with its certificates.",
     )
     p.add_flag(
         "--identity",
-        env="POD_NAME",
+        deprecated=["POD_NAME"],
         default="",
         help=(
             "This replica's name in the Lease (the pod name in the chart); the host name and"
@@ -149,19 +149,19 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_flag(
         "--webhook-addr",
-        env="WEBHOOK_ADDR",
+        deprecated=["WEBHOOK_ADDR"],
         default="0.0.0.0:9443",
         help="host:port of the HTTPS server for the webhooks (/validate, /mutate) and probes.",
     )
     p.add_flag(
         "--metrics-addr",
-        env="METRICS_ADDR",
+        deprecated=["METRICS_ADDR"],
         default="0.0.0.0:9090",
         help="host:port of the Prometheus metrics endpoint (/metrics); empty turns it off.",
     )
     p.add_flag(
         "--tls-secret",
-        env="TLS_SECRET",
+        deprecated=["TLS_SECRET"],
         default="gpuslice-controller-tls",
         help=(
             "Secret (in --namespace) with the webhook's certificate: tls.crt, tls.key and"
@@ -171,7 +171,7 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_bool_flag(
         "--manage-certificates",
-        env="MANAGE_CERTIFICATES",
+        deprecated=["MANAGE_CERTIFICATES"],
         default=True,
         help=(
             "Generate a private CA and serving certificate into --tls-secret, renew them before"
@@ -181,7 +181,7 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_flag(
         "--cert-hosts",
-        env="CERT_HOSTS",
+        deprecated=["CERT_HOSTS"],
         type=names,
         default=(),
         help=(
@@ -192,60 +192,60 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_flag(
         "--cert-dir",
-        env="CERT_DIR",
+        deprecated=["CERT_DIR"],
         default="/run/gpuslice-controller/certs",
         help="Private directory where the serving certificate is written for the TLS stack.",
     )
     p.add_flag(
         "--ca-validity",
-        env="CA_VALIDITY",
+        deprecated=["CA_VALIDITY"],
         type=duration,
         default=duration("87600h"),
         help="Lifetime of a generated CA (d, h, m, s); it is replaced with a third left.",
     )
     p.add_flag(
         "--cert-validity",
-        env="CERT_VALIDITY",
+        deprecated=["CERT_VALIDITY"],
         type=duration,
         default=duration("8760h"),
         help="Lifetime of a generated serving certificate; it is renewed with a third left.",
     )
     p.add_flag(
         "--cert-check-interval",
-        env="CERT_CHECK_INTERVAL",
+        deprecated=["CERT_CHECK_INTERVAL"],
         type=positive_seconds,
         default=3600.0,
         help="Seconds between the leader's checks of the certificates and the CA bundles.",
     )
     p.add_flag(
         "--validating-webhooks",
-        env="VALIDATING_WEBHOOKS",
+        deprecated=["VALIDATING_WEBHOOKS"],
         type=names,
         default=("gpuslice-controller",),
         help="Comma-separated ValidatingWebhookConfigurations whose caBundle the leader keeps.",
     )
     p.add_flag(
         "--mutating-webhooks",
-        env="MUTATING_WEBHOOKS",
+        deprecated=["MUTATING_WEBHOOKS"],
         type=names,
         default=("gpuslice-controller",),
         help="Comma-separated MutatingWebhookConfigurations whose caBundle the leader keeps.",
     )
     p.add_bool_flag(
         "--leader-elect",
-        env="LEADER_ELECT",
+        deprecated=["LEADER_ELECT"],
         default=True,
         help="Take part in leader election; without it this replica always acts as the leader.",
     )
     p.add_flag(
         "--lease-name",
-        env="LEASE_NAME",
+        deprecated=["LEASE_NAME"],
         default="gpuslice-controller",
         help="Name of the coordination.k8s.io Lease (in --namespace) the replicas compete for.",
     )
     p.add_bool_flag(
         "--cluster-view",
-        env="CLUSTER_VIEW",
+        deprecated=["CLUSTER_VIEW"],
         default=True,
         help=(
             "Hold the cluster view of every GPU (watches of ResourceSlices, ResourceClaims,"
@@ -255,7 +255,7 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_bool_flag(
         "--claim-node-labels",
-        env="CLAIM_NODE_LABELS",
+        deprecated=["CLAIM_NODE_LABELS"],
         default=True,
         help=(
             "On the leader, label every allocated ResourceClaim of this driver with its node"
@@ -265,7 +265,7 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_flag(
         "--view-auth-ttl",
-        env="VIEW_AUTH_TTL",
+        deprecated=["VIEW_AUTH_TTL"],
         type=positive_seconds,
         default=10.0,
         help=(
@@ -275,7 +275,7 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_flag(
         "--live-usage-interval",
-        env="LIVE_USAGE_INTERVAL",
+        deprecated=["LIVE_USAGE_INTERVAL"],
         type=seconds_or_off,
         default=15.0,
         help=(
@@ -285,20 +285,20 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_flag(
         "--live-usage-timeout",
-        env="LIVE_USAGE_TIMEOUT",
+        deprecated=["LIVE_USAGE_TIMEOUT"],
         type=positive_seconds,
         default=2.0,
         help="Seconds one enforcer may take to answer before its node's usage shows as unknown.",
     )
     p.add_flag(
         "--enforcer-namespace",
-        env="ENFORCER_NAMESPACE",
+        deprecated=["ENFORCER_NAMESPACE"],
         default="",
         help="Namespace of the node pods whose enforcers are scraped; --namespace when empty.",
     )
     p.add_flag(
         "--enforcer-selector",
-        env="ENFORCER_SELECTOR",
+        deprecated=["ENFORCER_SELECTOR"],
         default=NODE_SELECTOR,
         help=(
             "Label selector of the node pods; each is scraped at its pod IP on the container"
@@ -307,7 +307,7 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_flag(
         "--event-interval",
-        env="EVENT_INTERVAL",
+        deprecated=["EVENT_INTERVAL"],
         type=positive_seconds,
         default=60.0,
         help=(
@@ -317,21 +317,21 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_flag(
         "--gpu-device-classes",
-        env="GPU_DEVICE_CLASSES",
+        deprecated=["GPU_DEVICE_CLASSES"],
         type=names,
         default=(GPU_CLASS,),
         help="Comma-separated DeviceClasses that select the driver's whole (shareable) GPUs.",
     )
     p.add_flag(
         "--mig-device-classes",
-        env="MIG_DEVICE_CLASSES",
+        deprecated=["MIG_DEVICE_CLASSES"],
         type=names,
         default=(MIG_CLASS,),
         help="Comma-separated DeviceClasses that select the driver's MIG devices.",
     )
     p.add_flag(
         "--resource-api",
-        env="RESOURCE_API",
+        deprecated=["RESOURCE_API"],
         default="auto",
         choices=("auto", "v1", "v1beta2", "v1beta1"),
         help=(
