@@ -150,13 +150,13 @@ def build_parser() -> EnvArgumentParser:
     p.add_flag(
         "--webhook-addr",
         deprecated=["WEBHOOK_ADDR"],
-        default="0.0.0.0:9443",
+        default=":9443",
         help="host:port of the HTTPS server for the webhooks (/validate, /mutate) and probes.",
     )
     p.add_flag(
         "--metrics-addr",
         deprecated=["METRICS_ADDR"],
-        default="0.0.0.0:9090",
+        default=":9090",
         help="host:port of the Prometheus metrics endpoint (/metrics); empty turns it off.",
     )
     p.add_flag(

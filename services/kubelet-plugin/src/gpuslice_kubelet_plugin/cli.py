@@ -127,8 +127,11 @@ def build_parser() -> EnvArgumentParser:
         "--state-dir",
         deprecated=["STATE_DIR"],
         type=Path,
-        default=Path(f"/var/lib/kubelet/plugins/{DRIVER}"),
-        help="Directory of the checkpoint (prepared claims); must survive container restarts.",
+        default=Path("/var/lib/gpuslice/kubelet-plugin"),
+        help=(
+            "Directory of the checkpoint (prepared claims); must survive container restarts."
+            " The default is the chart's (hostPaths.stateDir)."
+        ),
     )
     f(
         "--metrics-addr",
