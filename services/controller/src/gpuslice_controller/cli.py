@@ -13,6 +13,7 @@ from pathlib import Path
 
 from gpuslice_api.names import GPU_CLASS, MIG_CLASS
 from gpuslice_controller import __version__
+from gpuslice_controller.admission.dialects import Dialects, HamiNames
 from gpuslice_core.cli import EnvArgumentParser, add_log_flags, positive_seconds, seconds_or_off
 from gpuslice_core.logging import configure, get_logger
 from gpuslice_view.live import NODE_SELECTOR
@@ -72,8 +73,13 @@ class Settings:
     resource_api: str
     log_level: str
     log_format: str = "json"
+    hami: HamiNames = HamiNames()  # noqa: RUF009 - frozen, never mutated
 
     def __post_init__(self) -> None:
+        try:
+            Dialects.of(self.hami)
+        except ValueError as exc:  # a renamed HAMi resource that another dialect owns
+            raise ValueError(f"--hami-resource-*: {exc}") from None
         if self.manage_certificates and not self.cert_hosts:
             raise ValueError(
                 "--manage-certificates needs --cert-hosts (the names the API server calls)"
@@ -113,6 +119,16 @@ def settings_from(args: argparse.Namespace) -> Settings:
         resource_api=args.resource_api,
         log_level=args.log_level,
         log_format=args.log_format,
+        hami=HamiNames(
+            resource_name=args.hami_resource_name,
+            resource_mem=args.hami_resource_mem,
+            resource_mem_percentage=args.hami_resource_mem_percentage,
+            resource_cores=args.hami_resource_cores,
+            resource_priority=args.hami_resource_priority,
+            default_mem=args.hami_default_mem,
+            default_cores=args.hami_default_cores,
+            default_gpu_num=args.hami_default_gpu_num,
+        ),
     )
 
 
@@ -339,8 +355,54 @@ def build_parser() -> EnvArgumentParser:
             " makes; auto picks the newest the API server serves."
         ),
     )
+    _add_hami_flags(p)
     add_log_flags(p)
     return p
+
+
+def _add_hami_flags(p: EnvArgumentParser) -> None:
+    """HAMi's chart values that rename its resources and set its defaults, one flag each, so a
+    renamed HAMi install is translated (controller.webhook.pods.hami in the chart)."""
+    default = HamiNames()
+    for value, resource, what in (
+        ("resourceName", "resource-name", "the number of vGPUs"),
+        ("resourceMem", "resource-mem", "MiB of memory per vGPU"),
+        ("resourceMemPercentage", "resource-mem-percentage", "percent of each GPU's memory"),
+        ("resourceCores", "resource-cores", "percent of each GPU's SMs"),
+        ("resourcePriority", "resource-priority", "the task priority (removed, with a warning)"),
+    ):
+        p.add_flag(
+            f"--hami-{resource}",
+            default=getattr(default, resource.replace("-", "_")),
+            help=f"HAMi's {value}: the extended resource for {what}.",
+        )
+    p.add_flag(
+        "--hami-default-mem",
+        type=int,
+        default=default.default_mem,
+        help=(
+            "HAMi's defaultMem: MiB per vGPU for a HAMi container that names neither memory"
+            " resource; 0 gives it all of each GPU's memory."
+        ),
+    )
+    p.add_flag(
+        "--hami-default-cores",
+        type=int,
+        default=default.default_cores,
+        help=(
+            "HAMi's defaultCores: percent of the SMs for a HAMi container that names no cores;"
+            " 0 sets no limit."
+        ),
+    )
+    p.add_flag(
+        "--hami-default-gpu-num",
+        type=int,
+        default=default.default_gpu_num,
+        help=(
+            "HAMi's defaultGPUNum: vGPUs for a HAMi container that asks for memory or cores"
+            " without a count."
+        ),
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
