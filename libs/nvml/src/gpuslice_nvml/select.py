@@ -12,6 +12,7 @@ from pathlib import Path
 from gpuslice_core.cli import EnvArgumentParser
 from gpuslice_core.errors import InvalidArgumentError
 from gpuslice_nvml.interface import Nvml
+from gpuslice_nvml.types import NvidiaSmi
 
 BACKENDS = ("real", "fake")
 
@@ -37,8 +38,13 @@ def add_nvml_arguments(parser: EnvArgumentParser) -> None:
     )
 
 
-def open_nvml(backend: str, fake_config: str | Path | None = None) -> Nvml:
-    """Open the named backend.
+def open_nvml(
+    backend: str,
+    fake_config: str | Path | None = None,
+    *,
+    nvidia_smi: NvidiaSmi = NvidiaSmi(),  # noqa: B008 - frozen
+) -> Nvml:
+    """Open the named backend (the real one runs ``nvidia_smi`` where NVML has no call).
 
     Raises ``InvalidArgumentError`` for an unknown backend or ``fake`` without a config,
     ``FakeConfigError`` for a bad config, and the mapped ``NvmlError`` (e.g.
@@ -47,7 +53,7 @@ def open_nvml(backend: str, fake_config: str | Path | None = None) -> Nvml:
     if backend == "real":
         from gpuslice_nvml.real import RealNvml
 
-        return RealNvml()
+        return RealNvml(nvidia_smi)
     if backend == "fake":
         if not fake_config:
             raise InvalidArgumentError(

@@ -14,6 +14,21 @@ from dataclasses import dataclass
 #: and by the fake's tools (fake.ctl, fake.workload, mock, the MPS stand-in, the fake nvidia-smi).
 FAKE_NVML_CONFIG_ENV = "GPUSLICE_FAKE_NVML_CONFIG"
 
+#: A GPU's compute time slice as ``nvidia-smi compute-policy --set-timeslice`` takes it, by the
+#: names NVIDIA's DRA driver gives them (its ``timeSlicingConfig.interval``).
+TIME_SLICES: dict[str, int] = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
+
+
+@dataclass(frozen=True)
+class NvidiaSmi:
+    """How the real backend runs ``nvidia-smi`` for what NVML has no call for (GPU reset, the
+    compute time slice): the binary, and extra environment (the driver root's library directory
+    when the binary is the driver root's, not the image's)."""
+
+    command: str = "nvidia-smi"
+    env: tuple[tuple[str, str], ...] = ()
+
+
 MIB = 1024 * 1024
 GIB = 1024 * MIB
 

@@ -9,6 +9,7 @@ and cached; MIG state, memory use and processes are read on every call.
 from __future__ import annotations
 
 import dataclasses
+import os
 import subprocess
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -34,6 +35,7 @@ from gpuslice_nvml.types import (
     MemoryLimits,
     MigDevice,
     MigMode,
+    NvidiaSmi,
     Placement,
     ProcessInfo,
     ProcessUtilization,
@@ -46,7 +48,9 @@ from gpuslice_nvml.types import (
 class RealNvml(Nvml):
     backend = "real"
 
-    def __init__(self) -> None:
+    def __init__(self, nvidia_smi: NvidiaSmi = NvidiaSmi()) -> None:  # noqa: B008 - frozen
+        #: The ``nvidia-smi`` run for what NVML has no call for (reset, time slice).
+        self.nvidia_smi = nvidia_smi
         c.init()
         try:
             count = c.call("nvmlDeviceGetCount", pynvml.nvmlDeviceGetCount)
@@ -265,23 +269,36 @@ class RealNvml(Nvml):
     def reset_gpu(self, gpu: int) -> MigMode:
         """NVML has no public reset call; like mig-parted, run ``nvidia-smi -r``."""
         bus_id = self._static_info(gpu).pci_bus_id
+        self._smi("GPU reset", "--gpu-reset", "-i", bus_id, timeout=120)
+        return self.mig_mode(gpu)
+
+    def set_compute_time_slice(self, gpu: int, level: int) -> None:
+        """NVML has no call for it; like NVIDIA's DRA driver, run ``nvidia-smi compute-policy``."""
+        uuid = self._static_info(gpu).uuid
+        self._smi("time slice", "compute-policy", "-i", uuid, f"--set-timeslice={level}")
+
+    def _smi(self, what: str, *args: str, timeout: float = 30) -> None:
+        """Run ``nvidia-smi args``; failures as NVML errors (IN_USE when it says so)."""
+        smi = self.nvidia_smi
+        shown = f"nvidia-smi {' '.join(args)}"
         try:
             subprocess.run(
-                ["nvidia-smi", "--gpu-reset", "-i", bus_id],
+                [smi.command, *args],
                 check=True,
                 capture_output=True,
                 text=True,
-                timeout=120,
+                timeout=timeout,
+                env={**os.environ, **dict(smi.env)} if smi.env else None,
             )
         except FileNotFoundError as exc:
-            raise e.nvml_error(e.ERROR_NOT_SUPPORTED, "GPU reset", "nvidia-smi not found") from exc
+            detail = f"{smi.command} not found"
+            raise e.nvml_error(e.ERROR_NOT_SUPPORTED, what, detail) from exc
         except subprocess.CalledProcessError as exc:
             detail = (exc.stdout + exc.stderr).strip()
             code = e.ERROR_IN_USE if "in use" in detail.lower() else e.ERROR_UNKNOWN
-            raise e.nvml_error(code, f"nvidia-smi --gpu-reset -i {bus_id}", detail) from exc
+            raise e.nvml_error(code, shown, detail) from exc
         except subprocess.TimeoutExpired as exc:
-            raise e.nvml_error(e.ERROR_TIMEOUT, f"nvidia-smi --gpu-reset -i {bus_id}") from exc
-        return self.mig_mode(gpu)
+            raise e.nvml_error(e.ERROR_TIMEOUT, shown) from exc
 
     def gpu_instance_profiles(self, gpu: int) -> list[GpuInstanceProfile]:
         self.mig_mode(gpu)  # NOT_SUPPORTED on GPUs without MIG
