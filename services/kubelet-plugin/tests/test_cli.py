@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import json
 import logging
 import re
 import subprocess
@@ -12,6 +14,8 @@ from pathlib import Path
 import pytest
 import structlog
 
+from gpuslice_core import logging as gslog
+from gpuslice_core.cli import pop_deprecation_notices
 from gpuslice_kubelet_plugin.cli import build_parser, main, settings_from
 
 FLAGS = {
@@ -113,3 +117,32 @@ def test_probe_of_nothing_fails(tmp_path: Path) -> None:
     )
     assert out.returncode == 1
     assert re.search(r"GetInfo on .*gpu\.gpuslice\.dev-reg\.sock", out.stderr)
+
+
+def test_an_old_variable_still_works_and_its_warning_names_the_new_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A manifest written for an earlier release sets STATE_DIR and ENFORCER_SOCKET: read for one
+    release, each with a warning line in the plugin's log naming the variable to set."""
+    pop_deprecation_notices()
+    monkeypatch.setenv("GPUSLICE_NODE_NAME", "n7")
+    monkeypatch.setenv("STATE_DIR", "/old/state")
+    monkeypatch.setenv("ENFORCER_SOCKET", "/run/e.sock")
+    settings = settings_from(build_parser().parse_args([]))
+    assert (settings.state_dir, settings.enforcer_socket) == (
+        Path("/old/state"),
+        Path("/run/e.sock"),
+    )
+    out = io.StringIO()
+    gslog.configure(component="kubelet-plugin", stream=out)
+    warned = {
+        line["deprecated_env"]: (line["level"], line["env"], line["msg"])
+        for line in map(json.loads, out.getvalue().splitlines())
+    }
+    assert warned["STATE_DIR"] == (
+        "warning",
+        "GPUSLICE_STATE_DIR",
+        "environment variable STATE_DIR is deprecated and will not be read after the next"
+        " release; set GPUSLICE_STATE_DIR instead",
+    )
+    assert warned["ENFORCER_SOCKET"][1] == "GPUSLICE_ENFORCER_SOCKET"
