@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
-.PHONY: all setup demo inventory chart chart-readme test lint typecheck imports proto proto-check unit clean \
+.PHONY: all setup demo inventory chart chart-readme test lint actionlint release-local typecheck imports proto proto-check unit clean \
 	kube-binaries node-binaries hook-binary images e2e-real e2e-kind cluster-up cluster-down \
 	cluster-status gpu-stage start-stress nvml-mock
 
@@ -29,6 +29,11 @@ test: lint typecheck imports proto-check unit
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	bash hack/actionlint.sh
+
+# The GitHub workflows checked by actionlint, built once from its Go module (hack/actionlint.sh).
+actionlint:
+	bash hack/actionlint.sh
 
 typecheck: setup
 	$(BIN)/mypy .
@@ -102,6 +107,13 @@ hook-binary:
 # registry, into ~/.cache/gpuslice/images (manifest.json lists them; see docs/images.md).
 images: setup hook-binary
 	bash hack/images.sh
+
+# A release without GitHub (docs/release.md): the images built (make images), then the release
+# workflow's push steps without signing, for this machine's architecture, against a loopback
+# registry: every image and the chart under VERSION, a JSON summary and the helm install command.
+VERSION ?= 0.0.0-local
+release-local: setup images
+	bash hack/release.sh --local --version $(VERSION)
 
 # NODES=real: plus two real nodes (containerd + kubelet each, docs/real-node.md); default: none.
 NODES ?=

@@ -258,14 +258,14 @@ def live_usage(endpoints: int, shares: int) -> None:
     from gpuslice_view.live import LivePoller, Target
 
     registry = CollectorRegistry()
-    labels = ["claim_uid", "device"]
+    labels = ["claim_uid", "gpu", "UUID"]
     gauges = [
         Gauge(f"gpuslice_enforcer_share_{n}", n, labels, registry=registry)
-        for n in ("memory_used_bytes", "memory_limit_bytes", "sm_percent", "sm_limit_percent")
+        for n in ("memory_used_bytes", "memory_limit_bytes", "sm_ratio", "sm_limit_ratio")
     ]
     for i in range(shares):
         for g in gauges:
-            g.labels(f"uid-{i}", f"GPU-{i % 8}").set(i)
+            g.labels(f"uid-{i}", str(i % 8), f"GPU-{i % 8}").set(i)
     body = generate_latest(registry)
 
     class Handler(BaseHTTPRequestHandler):

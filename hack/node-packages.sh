@@ -6,6 +6,11 @@
 #   libseccomp-dev, pkg-config   runc is built with the seccomp tag (cgo)
 #   gcc, libc6-dev               the static pause image
 #   iproute2                     the bridges and network namespaces the nodes leave behind are checked
+#   docker-registry              the OCI registry on loopback that images and chart are pushed to (distribution 2.8;
+#                                the system service the package enables is stopped, see the end)
+#   skopeo                       copies the images' OCI archives to that registry, digests kept (hack/release.sh)
+#   prometheus                   a real Prometheus (and promtool) scrapes the chart through its own monitors
+#                                and judges the shipped alert rules (docs/alerts.md)
 # Nothing happens when every package is already installed. Needs root (or sudo) and Debian's
 # package mirrors; prints the missing packages and how to install them otherwise.
 #
@@ -13,7 +18,8 @@
 #   --check   exit 1 (with the list) when a package is missing; install nothing
 set -euo pipefail
 
-PACKAGES=(buildah debootstrap containernetworking-plugins libseccomp-dev pkg-config gcc libc6-dev iproute2)
+PACKAGES=(buildah debootstrap containernetworking-plugins libseccomp-dev pkg-config gcc libc6-dev iproute2
+          docker-registry skopeo prometheus)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -48,3 +54,14 @@ if ! "${SUDO[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}" 
     exit 1
   }
 fi
+# Debian's docker-registry package enables a system registry on :5000 (all interfaces). We use
+# only its binary, each run with its own config on a port of its own: stop and disable that
+# service when this run installed the package (a registry someone set up before is left alone).
+# Debian's prometheus package likewise enables a system Prometheus on :9090.
+for service in docker-registry prometheus; do
+  if [[ " ${missing[*]} " == *" $service "* ]] && command -v systemctl >/dev/null \
+    && [ -d /run/systemd/system ]; then
+    "${SUDO[@]}" systemctl disable --now "$service.service" >>/tmp/node-packages.log 2>&1 || true
+    printf '>> stopped and disabled %s.service (gpuslice starts its own)\n' "$service" >&2
+  fi
+done

@@ -10,7 +10,8 @@
 #
 # Point a program at the library with LD_LIBRARY_PATH=<lib dir> and the node file it answers
 # for: GPUSLICE_NVML_MOCK_NODE=<file> (python -m gpuslice_nvml.mock --config <fake node config>
-# writes it and prints that line).
+# writes it and prints that line), or without the variable a gpuslice-nvml-mock-node.json next
+# to the library (a driver root of files: gpuslice_testkit.nvml_mock.write_driver_root).
 #
 # usage: hack/nvml-mock.sh [--print-dir | --force | --help]
 #   (none)       build unless cached; progress on stderr; the lib dir is the last stdout line
@@ -95,7 +96,7 @@ stage=$(mktemp -d "$CACHE/.stage.XXXXXX")
 trap 'rm -rf "$stage"' EXIT
 gcc "${CFLAGS[@]}" -shared -I"$(dirname "$HEADER")" -o "$stage/libnvidia-ml.so.1" \
   -Wl,-soname,libnvidia-ml.so.1 -Wl,--version-script="$SRC/exports.map" -Wl,-z,defs \
-  "$SRC"/*.c -lpthread
+  "$SRC"/*.c -lpthread -ldl
 ln -s libnvidia-ml.so.1 "$stage/libnvidia-ml.so"
 count=$(nm -D --defined-only "$stage/libnvidia-ml.so.1" | awk '$2 == "T" && $3 ~ /^nvml/' | wc -l)
 rm -rf "$LIB_DIR"

@@ -99,6 +99,9 @@ KCM_CONTROLLERS = (
     # EndpointSlices of Services: the API server's service resolver (--enable-aggregator-routing)
     # reads them to call a webhook Service at its pods' IPs, as there is no kube-proxy.
     "endpointslice-controller",
+    # Endpoints of Services, as every cluster has them: Prometheus's `endpoints` discovery
+    # role (what Prometheus Operator writes for a ServiceMonitor) reads them.
+    "endpoints-controller",
 )
 
 

@@ -6,7 +6,8 @@ node's own directories there (see realnode.py)."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,10 @@ class NodeConfig:
     volume_plugin_dir: Path
     feature_gates: dict[str, bool]
     service_ip: str = "10.0.0.1"  # the `kubernetes` Service's ClusterIP
+    # registry host (as image references name it, e.g. "127.0.0.1:5000") -> the endpoint the
+    # node pulls it from ("http://127.0.0.1:5000"), written as containerd hosts.toml files
+    registries: Mapping[str, str] = field(default_factory=dict)
+    registry_config_dir: Path | None = None  # where the hosts.toml files go (certs.d layout)
 
     def containerd_toml(self) -> str:
         runtime = "plugins.'io.containerd.cri.v1.runtime'"
@@ -82,6 +87,7 @@ class NodeConfig:
                 },
                 "plugins.'io.containerd.cri.v1.images'": {"snapshotter": "overlayfs"},
                 "plugins.'io.containerd.cri.v1.images'.pinned_images": {"sandbox": self.pause_ref},
+                **self._registry_table(),
                 "plugins.'io.containerd.grpc.v1.cri'": {
                     "stream_server_address": "127.0.0.1",
                     "stream_server_port": "0",
@@ -94,6 +100,31 @@ class NodeConfig:
                 "disabled_plugins": list(DISABLED_PLUGINS),
             },
         )
+
+    def _registry_table(self) -> dict[str, dict[str, Any]]:
+        """containerd's registry host configuration directory, as a node with a private (or
+        mirrored) registry sets it: one ``<host>/hosts.toml`` per registry (``hosts_tomls``)."""
+        if not self.registries:
+            return {}
+        if self.registry_config_dir is None:
+            raise ValueError("registries need a registry_config_dir for their hosts.toml files")
+        table = "plugins.'io.containerd.cri.v1.images'.registry"
+        return {table: {"config_path": str(self.registry_config_dir)}}
+
+    def hosts_tomls(self) -> dict[str, str]:
+        """``<host>/hosts.toml`` → its text: pull and resolve from the endpoint. A plain-HTTP
+        endpoint (a loopback registry) is named with its scheme, which is all containerd needs
+        to skip TLS for it; nothing else on the node trusts it."""
+        files: dict[str, str] = {}
+        for host, endpoint in sorted(self.registries.items()):
+            if not endpoint.startswith(("http://", "https://")):
+                raise ValueError(f"registry endpoint {endpoint!r} of {host!r}: need http(s)://")
+            files[f"{host}/hosts.toml"] = (
+                f"server = {json.dumps(endpoint)}\n\n"
+                f"[host.{json.dumps(endpoint)}]\n"
+                '  capabilities = ["pull", "resolve"]\n'
+            )
+        return files
 
     def cni_conflist(self) -> str:
         gateway = self.subnet.rsplit(".", 1)[0] + ".1"
@@ -160,6 +191,11 @@ class NodeConfig:
         directory.mkdir(parents=True, exist_ok=True)
         self.cni_conf_dir.mkdir(parents=True, exist_ok=True)
         (self.cni_conf_dir / "10-gpuslice.conflist").write_text(self.cni_conflist())
+        if self.registry_config_dir is not None:
+            for name, text in self.hosts_tomls().items():
+                path = self.registry_config_dir / name
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
         containerd = directory / "containerd.toml"
         containerd.write_text(self.containerd_toml())
         kubelet = directory / "kubelet-config.json"

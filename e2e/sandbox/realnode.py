@@ -159,8 +159,10 @@ class RealNode:
         owned: bool = True,
         verbosity: int = 2,
         labels: Mapping[str, str] | None = None,
+        registries: Mapping[str, str] | None = None,
     ) -> None:
         self.cp = cp
+        self.registries = dict(registries or {})
         self.labels = {**LABELS, **(labels or {})}
         self.name = name
         self.dir = node_dir.resolve()
@@ -250,6 +252,8 @@ class RealNode:
             volume_plugin_dir=self.dir / "volume-plugins",
             feature_gates=flags.dra_gates(kubelet_bin),
             service_ip=nodehost.SERVICE_IP,
+            registries=self.registries,
+            registry_config_dir=self.dir / "config" / "certs.d",
         )
         self.containerd_config, self.kubelet_config = self.config.write(self.dir / "config")
 
@@ -576,10 +580,12 @@ def start_real_nodes(
     import_names: Sequence[str] | None = None,
     owned: bool = True,
     labels: Mapping[str, Mapping[str, str]] | None = None,
+    registries: Mapping[str, str] | None = None,
 ) -> RealNodes:
     """Start real nodes ``names`` on ``cp`` under ``run_dir/nodes/<name>`` (default: the control
     plane's run dir) and wait until every one is Ready. ``labels``: node name → node labels on
-    top of LABELS. On failure nothing is left behind."""
+    top of LABELS; ``registries``: registry host → the endpoint every node's containerd pulls
+    it from (hosts.toml). On failure nothing is left behind."""
     check_host()
     node_bin = find_node_binaries()
     images = find_images(images_manifest)
@@ -595,6 +601,7 @@ def start_real_nodes(
             images=images,
             owned=owned,
             labels=(labels or {}).get(name),
+            registries=registries,
         )
         for name in names
     ]

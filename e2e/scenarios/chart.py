@@ -1,7 +1,8 @@
 """Install the gpuslice chart into a scenario cluster the way a user does, and `helm test` it.
 
-Both real-cluster tiers call ``install``: the sandbox's real nodes (images from hack/images.sh,
-loaded into every node's containerd) and kind (images built with docker and `kind load`ed).
+Both real-cluster tiers call ``install``: the sandbox's real nodes (the chart and images pushed to
+a loopback registry, installed from ``oci://`` and pulled by every node's containerd) and kind
+(the chart from the tree, images built with docker and `kind load`ed).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,9 +56,12 @@ def install(
     release: str = RELEASE,
     namespace: str = NAMESPACE,
     wait: str = "360s",
+    chart: str = str(CHART),
+    chart_args: Sequence[str] = (),
 ) -> Installed:
-    """`helm upgrade --install --wait` with ``values`` (written to ``values_file``, as a user
-    keeps them), then `helm test --logs`, whose validation pod asks for a GPU share."""
+    """`helm upgrade --install --wait` of ``chart`` (the tree's chart, or an ``oci://`` reference
+    with ``chart_args`` such as ``--version``) with ``values`` (written to ``values_file``, as a
+    user keeps them), then `helm test --logs`, whose validation pod asks for a GPU share."""
     values_file.write_text(json.dumps(values, indent=1))
     t0 = time.monotonic()
     helm(
@@ -65,7 +70,8 @@ def install(
         "upgrade",
         "--install",
         release,
-        str(CHART),
+        chart,
+        *chart_args,
         "--namespace",
         namespace,
         "--create-namespace",

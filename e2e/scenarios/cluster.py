@@ -49,7 +49,8 @@ class Cluster:
     ``gpu_nodes``: the nodes our DRA node DaemonSet runs on; ``device_plugin_nodes``: the
     nodes labelled gpuslice.dev/mode=device-plugin, where the device plugin runs instead
     (empty where the cluster has none); ``image``: a workload image with sh, env,
-    grep and sleep that the nodes already have (pods use imagePullPolicy Never);
+    grep and sleep, pulled as any workload's image is (imagePullPolicy IfNotPresent: from the
+    tier's registry on the real nodes, already on the node where kind loaded it);
     ``release_namespace``: where the chart is installed; ``upgrade``: `helm upgrade` of the
     release with these values merged into the installed ones (waits until the node pods are
     ready again).
@@ -156,7 +157,7 @@ class Cluster:
             container: Obj = {
                 "name": cname,
                 "image": self.image,
-                "imagePullPolicy": "Never",
+                "imagePullPolicy": "IfNotPresent",
                 "command": ["sh", "-c", ENV_SCRIPT],
                 "resources": {},
             }

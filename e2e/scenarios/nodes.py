@@ -51,17 +51,30 @@ def gpu_count() -> int:
     return sum(int(g.get("count", 1)) for g in FAKE_NODE["gpus"])
 
 
-def chart_values(images: dict[str, str], *, registry: str = "") -> dict[str, Any]:
-    """Helm values for a scenario cluster: our images (service name → full reference, never
-    pulled) and the fake NVML node above; everything else is the chart's default."""
+def chart_values(images: dict[str, str] | None = None, *, registry: str = "") -> dict[str, Any]:
+    """Helm values for a scenario cluster: the fake NVML node above, and where the images come
+    from; everything else is the chart's default.
+
+    - ``registry`` alone (the real-node tier): the chart's own image references under that
+      registry prefix (``image.registry``, tags = the chart's appVersion) and its default pull
+      policy, every component on: the nodes pull as a user's nodes do;
+    - ``images`` (kind: service name → the full reference `kind load` put on the nodes): those
+      references with the chart's default pull policy (IfNotPresent finds them on the node);
+      the controller and the device plugin only where their image is given.
+    """
+    if images is None:
+        return {
+            "image": {"registry": registry},
+            "nvml": {"backend": "fake", "fakeConfig": FAKE_NODE},
+        }
 
     def image(service: str) -> dict[str, str]:
         ref = images[service]
         repository, _, tag = ref.rpartition(":")
-        return {"repository": repository, "tag": tag, "pullPolicy": "Never"}
+        return {"repository": repository, "tag": tag}
 
     return {
-        "image": {"registry": registry, "pullPolicy": "Never"},
+        "image": {"registry": registry},
         "nvml": {"backend": "fake", "fakeConfig": FAKE_NODE},
         "kubeletPlugin": {"image": image("kubelet-plugin")},
         "enforcer": {"image": image("enforcer")},

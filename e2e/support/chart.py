@@ -42,6 +42,21 @@ def render(
     return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
 
 
+def container_images(obj: Any) -> set[str]:
+    """Every container image in rendered objects (containers, initContainers, anywhere)."""
+    found: set[str] = set()
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            if key in ("containers", "initContainers", "ephemeralContainers"):
+                found |= {c["image"] for c in value}
+            else:
+                found |= container_images(value)
+    elif isinstance(obj, list):
+        for item in obj:
+            found |= container_images(item)
+    return found
+
+
 def find(objs: list[Obj], kind: str, name: str | None = None) -> list[Obj]:
     return [
         o for o in objs if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)

@@ -3,7 +3,10 @@
 
 Each service's metrics are built here as the service builds them (its registries, its collectors
 with no data), and every family must be ``gpuslice_<subsystem>_…`` with a subsystem that
-``SERVICE_SUBSYSTEMS`` gives that service.
+``SERVICE_SUBSYSTEMS`` gives that service. Their labels follow one scheme (docs/metrics.md): a
+GPU as dcgm-exporter labels it (``gpu``, ``UUID``, ``Hostname``, ``GPU_I_PROFILE``,
+``GPU_I_ID``), never ``device`` (dcgm-exporter's ``nvidia0``) or ``device_index``, and ratios
+0..1 named ``_ratio``, never ``_percent``.
 """
 
 from __future__ import annotations
@@ -15,9 +18,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
-from prometheus_client.registry import Collector
+from prometheus_client.metrics_core import Metric
 
 from gpuslice_controller import connections
 from gpuslice_controller.admission import review
@@ -32,13 +35,6 @@ from gpuslice_mig_manager.metrics import Metrics as MigManagerMetrics
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def families(collectors: Iterable[Collector]) -> set[str]:
-    registry = CollectorRegistry()
-    for collector in collectors:
-        registry.register(collector)
-    return {family.name for family in registry.collect()}
-
-
 class _ViewSource:
     """The view before its first list: events counted, not synced."""
 
@@ -49,37 +45,98 @@ class _ViewSource:
 
 def exported() -> dict[str, set[str]]:
     """The metric families each service exports, by its directory under services/."""
+    return {service: set(found) for service, found in labelled().items()}
+
+
+def _label_names(collectors: Iterable[object]) -> dict[str, tuple[str, ...]]:
+    """Family name -> label names, without a scrape: a client metric's declared labels, a
+    custom family's (``*MetricFamily(labels=…)`` keeps them even with no sample)."""
+    found: dict[str, tuple[str, ...]] = {}
+    for collector in collectors:
+        if isinstance(collector, MetricWrapperBase):
+            found |= {f.name: tuple(collector._labelnames) for f in collector.describe()}
+        elif isinstance(collector, Metric):
+            found[collector.name] = tuple(getattr(collector, "_labelnames", ()))
+        else:
+            found |= _label_names(collector.collect())  # type: ignore[attr-defined]
+    return found
+
+
+def _registry(build: type) -> dict[str, tuple[str, ...]]:
     registry = CollectorRegistry()
-    EnforcerMetrics(registry)
-    enforcer = families([registry])
-    registry = CollectorRegistry()
-    PluginMetrics(registry)
-    kubelet_plugin = families([registry])
-    registry = CollectorRegistry()
-    MigManagerMetrics(registry)
-    mig_manager = families([registry])
-    registry = CollectorRegistry()
-    DevicePluginMetrics(registry)
-    device_plugin = families([registry])
-    device_plugin |= {f.name for f in ContainerCollector("node", None, {}).describe()}  # type: ignore[arg-type]
+    build(registry)
+    return _label_names(list(registry._collector_to_names))  # no public list of collectors
+
+
+def labelled() -> dict[str, dict[str, tuple[str, ...]]]:
+    """Family name -> label names, of each service's metrics, by its directory."""
+    device_plugin = _registry(DevicePluginMetrics)
+    device_plugin |= _label_names(ContainerCollector(None, {}).describe())  # type: ignore[arg-type]
     module_level: list[MetricWrapperBase] = [
         connections.OPEN,
         connections.CLOSED,
         review.REVIEWS,
         review.DURATION,
     ]
-    controller = {family.name for metric in module_level for family in metric.describe()}
-    controller |= {f.name for f in view_metrics.ViewCollector(_ViewSource()).collect()}  # type: ignore[arg-type]
+    controller = _label_names(module_level)
+    controller |= _label_names(view_metrics.ViewCollector(_ViewSource()).collect())  # type: ignore[arg-type]
     snapshot = view_metrics.Snapshot((), {})
-    controller |= {f.name for f in view_metrics.gpu_families(snapshot)}
-    controller |= {f.name for f in view_metrics.claim_families(snapshot)}
+    controller |= _label_names(view_metrics.gpu_families(snapshot))
+    controller |= _label_names(view_metrics.claim_families(snapshot))
     return {
         "controller": controller,
         "device-plugin": device_plugin,
-        "enforcer": enforcer,
-        "kubelet-plugin": kubelet_plugin,
-        "mig-manager": mig_manager,
+        "enforcer": _registry(EnforcerMetrics),
+        "kubelet-plugin": _registry(PluginMetrics),
+        "mig-manager": _registry(MigManagerMetrics),
     }
+
+
+#: Labels of the scheme's that mean something else elsewhere: dcgm-exporter's ``device`` is
+#: the device node (``nvidia0``); a GPU is ``gpu`` (index) and ``UUID``.
+FORBIDDEN_LABELS = {"device", "device_index", "device_uuid", "node", "uuid", "index"}
+
+
+def scheme_breaches(families: dict[str, tuple[str, ...]]) -> list[str]:
+    """What in ``families`` breaks the label scheme: a forbidden label, a ``_percent`` name."""
+    found = [f"{n}: _percent (a ratio 0..1 is _ratio)" for n in families if "_percent" in n]
+    found += [
+        f"{n}: label {label}"
+        for n, labels in families.items()
+        for label in labels
+        if label in FORBIDDEN_LABELS
+    ]
+    return sorted(found)
+
+
+@pytest.mark.parametrize("service", sorted(SERVICE_SUBSYSTEMS))
+def test_each_series_follows_the_label_scheme(service: str) -> None:
+    assert scheme_breaches(labelled()[service]) == []
+
+
+def test_the_scheme_check_catches_a_breach() -> None:
+    registry = CollectorRegistry()
+    Gauge("gpuslice_enforcer_x_percent", "x", ["claim_uid"], registry=registry)
+    Gauge("gpuslice_enforcer_y", "y", ["claim_uid", "device"], registry=registry)
+    Gauge("gpuslice_container_z", "z", ["device_index"], registry=registry)
+    assert scheme_breaches(_label_names(list(registry._collector_to_names))) == [
+        "gpuslice_container_z: label device_index",
+        "gpuslice_enforcer_x_percent: _percent (a ratio 0..1 is _ratio)",
+        "gpuslice_enforcer_y: label device",
+    ]
+
+
+def test_a_gpu_is_labelled_as_dcgm_exporter_labels_it() -> None:
+    """The per-GPU series join dcgm-exporter's on (gpu, UUID); MIG ones carry its profile."""
+    families = {**labelled()["controller"], **labelled()["enforcer"]}
+    for name in ("gpuslice_gpu_tainted", "gpuslice_gpu_memory_used_bytes"):
+        assert {"Hostname", "gpu", "UUID", "GPU_I_PROFILE", "dra_device"} <= set(families[name])
+    for name in ("gpuslice_enforcer_share_memory_used_bytes", "gpuslice_enforcer_share_bypasses"):
+        assert {"claim_uid", "gpu", "UUID"} <= set(families[name])
+    containers = labelled()["device-plugin"]["gpuslice_container_gpu_memory_used_bytes"]
+    assert {"namespace", "pod", "container", "gpu", "UUID", "GPU_I_PROFILE", "GPU_I_ID"} <= set(
+        containers
+    )
 
 
 def test_every_service_is_given_its_subsystems() -> None:
@@ -129,9 +186,7 @@ def test_each_name_starts_with_its_services_prefix(service: str) -> None:
 def test_the_names_are_the_ones_dashboards_know() -> None:
     """The shared parts spell the names the Grafana dashboard and the docs use."""
     assert NAMESPACE == "gpuslice"
-    assert (
-        metric_name(Subsystem.ENFORCER, "share_sm_percent") == "gpuslice_enforcer_share_sm_percent"
-    )
+    assert metric_name(Subsystem.ENFORCER, "share_sm_ratio") == "gpuslice_enforcer_share_sm_ratio"
     assert metric_name(Subsystem.KUBELET_PLUGIN, "prepare") == "gpuslice_kubelet_plugin_prepare"
     names = set().union(*exported().values())
     assert {
@@ -142,7 +197,7 @@ def test_the_names_are_the_ones_dashboards_know() -> None:
         "gpuslice_container_gpu_memory_used_bytes",
         "gpuslice_controller_admission",
         "gpuslice_view_synced",
-        "gpuslice_gpu_cores_allocated_percent",
+        "gpuslice_gpu_cores_allocated_ratio",
         "gpuslice_claim_memory_bytes",
     } <= names
 

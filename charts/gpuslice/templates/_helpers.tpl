@@ -164,8 +164,19 @@ e2e/manifests/mig-configs.yaml, kept equal by e2e/tests/chart/test_chart.py). */
   value: {{ .Values.logLevel | quote }}
 - name: GPUSLICE_LOG_FORMAT
   value: {{ .Values.logFormat | quote }}
+{{ include "gpuslice.nvmlEnv" . }}
+{{- end }}
+
+{{/* How a container that opens NVML reaches it: the backend, and with the real one the
+host's driver root mounted at /driver-root (gpuslice.driverRootMount), where libnvidia-ml.so.1
+is loaded from (--driver-root), so the NVIDIA Container Toolkit is not needed; its variables stay
+for nodes where it injects the library instead. With the fake backend the kubelet plugin still
+takes device nodes from the (unmounted) driver root, as before. */}}
+{{- define "gpuslice.nvmlEnv" -}}
 - name: GPUSLICE_NVML
   value: {{ .Values.nvml.backend | quote }}
+- name: GPUSLICE_DRIVER_ROOT
+  value: {{ ternary .Values.nvml.driverRoot "/driver-root" (eq .Values.nvml.backend "fake") | quote }}
 {{- if eq .Values.nvml.backend "fake" }}
 - name: GPUSLICE_FAKE_NVML_CONFIG
   value: {{ include "gpuslice.fakeNvmlConfig" . | quote }}
@@ -174,6 +185,27 @@ e2e/manifests/mig-configs.yaml, kept equal by e2e/tests/chart/test_chart.py). */
   value: all
 - name: NVIDIA_DRIVER_CAPABILITIES
   value: compute,utility
+{{- end }}
+{{- end }}
+
+{{/* The host's driver root ("/" included) read-only at /driver-root, as NVIDIA's DRA driver
+mounts it; real backend only. HostToContainer: the GPU Operator's driver container mounts its
+root under it after the pod starts. */}}
+{{- define "gpuslice.driverRootMount" -}}
+{{- if ne .Values.nvml.backend "fake" }}
+- name: driver-root
+  mountPath: /driver-root
+  readOnly: true
+  mountPropagation: HostToContainer
+{{- end }}
+{{- end }}
+
+{{- define "gpuslice.driverRootVolume" -}}
+{{- if ne .Values.nvml.backend "fake" }}
+- name: driver-root
+  hostPath:
+    path: {{ .Values.nvml.driverRoot | quote }}
+    type: Directory
 {{- end }}
 {{- end }}
 

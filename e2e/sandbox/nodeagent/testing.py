@@ -23,17 +23,28 @@ def unique(prefix: str) -> str:
 
 @contextlib.contextmanager
 def temporary_namespace(raw: RawApi, prefix: str) -> Iterator[str]:
-    """A new namespace named ``<prefix>-<random>``, deleted (with what is in it) after."""
+    """A new namespace named ``<prefix>-<random>``, deleted (with what is in it) after. It is
+    handed over once its ``default`` ServiceAccount exists: until the serviceaccount controller
+    has made it, the API server refuses every pod there ("serviceaccount default not found")."""
     name = unique(prefix)
     raw.create(
         resource_path("v1", "namespaces"),
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
     )
     try:
+        sa = resource_path("v1", "serviceaccounts", namespace=name, name="default")
+        wait_for(lambda: get_object(raw, sa), 30, f"the default ServiceAccount of {name}")
         yield name
     finally:
         with contextlib.suppress(KubeNotFoundError):
             raw.delete(resource_path("v1", "namespaces", name=name))
+
+
+def get_object(raw: RawApi, path: str) -> Obj | None:
+    try:
+        return raw.get(path)
+    except KubeNotFoundError:
+        return None
 
 
 def get_pod(raw: RawApi, namespace: str, name: str) -> Obj | None:

@@ -587,6 +587,15 @@ def test_controller_metrics_are_scraped_at_both_doors(helm_bin: Path) -> None:
     )
     plain, claims = monitor["spec"]["endpoints"]
     assert (plain["port"], plain["path"]) == ("metrics", "/metrics") and "scheme" not in plain
+    # The per-GPU series name the GPU's node as Hostname; it wins over the controller's own.
+    assert plain["honorLabels"] is True
+    hostname = [{"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "Hostname"}]
+    assert plain["relabelings"] == hostname
+    # the per-claim series are about tenants' claims: the controller pod's own labels never
+    # stand in for a claim's (a pending claim has no Hostname; no claim is the controller pod)
+    assert claims["relabelings"] == [
+        {"action": "labeldrop", "regex": "(pod|container|namespace|service)"}
+    ]
     assert (claims["port"], claims["scheme"], claims["path"]) == (
         "webhook",
         "https",
@@ -620,6 +629,57 @@ def test_controller_metrics_are_scraped_at_both_doors(helm_bin: Path) -> None:
     assert not find(no_metrics, "ServiceMonitor", name)
 
 
+NVML_CONTAINERS = {
+    "node": ("kubelet-plugin", "enforcer", "mig-manager"),
+    "device-plugin": ("device-plugin", "enforcer"),
+}
+
+
+@pytest.mark.parametrize("driver_root", ["/", "/run/nvidia/driver"])
+def test_with_the_real_backend_every_nvml_container_loads_nvml_from_the_driver_root(
+    helm_bin: Path, driver_root: str
+) -> None:
+    """The node pods need no NVIDIA Container Toolkit: every container that opens NVML has the
+    host's driver root read-only at /driver-root and is told to load libnvidia-ml from it, and
+    each service accepts the variable as its --driver-root."""
+    objs = render(
+        helm_bin,
+        *sets(
+            f"nvml.driverRoot={driver_root}",
+            "devicePlugin.enabled=true",
+            "devicePlugin.enforcer.enabled=true",
+        ),
+    )
+    parsers = {
+        "kubelet-plugin": kubelet_plugin_parser,
+        "enforcer": enforcer_parser,
+        "mig-manager": mig_manager_parser,
+        "device-plugin": device_plugin_parser,
+    }
+    for component, names in NVML_CONTAINERS.items():
+        byname = containers(objs, component)
+        volumes = {v["name"]: v for v in pod_spec(objs, component)["volumes"]}
+        for name in names:
+            mounts = {m["mountPath"]: m for m in byname[name]["volumeMounts"]}
+            assert mounts["/driver-root"]["readOnly"] is True, (component, name)
+            assert mounts["/driver-root"]["mountPropagation"] == "HostToContainer"
+            volume = volumes[mounts["/driver-root"]["name"]]
+            assert volume["hostPath"] == {"path": driver_root, "type": "Directory"}
+            assert env_of(byname[name])["GPUSLICE_DRIVER_ROOT"] == "/driver-root", (component, name)
+            with pytest.MonkeyPatch.context() as m:
+                m.setenv("GPUSLICE_DRIVER_ROOT", "/driver-root")
+                assert parsers[name]().parse_args([]).driver_root == Path("/driver-root")
+    # the fake backend mounts no driver root anywhere
+    fake = render(
+        helm_bin,
+        *sets(
+            "nvml.backend=fake", "devicePlugin.enabled=true", "devicePlugin.enforcer.enabled=true"
+        ),
+    )
+    for component in NVML_CONTAINERS:
+        assert "driver-root" not in {v["name"] for v in pod_spec(fake, component)["volumes"]}
+
+
 # ---- sync with the services and with e2e/manifests --------------------------------------------
 CLI_PARSERS = {
     "kubelet-plugin": kubelet_plugin_parser,
@@ -628,7 +688,8 @@ CLI_PARSERS = {
 }
 # Flags the chart leaves to their defaults on purpose (docs/helm.md says why).
 UNSET = {
-    "kubelet-plugin": {"KUBECONFIG", "GPUSLICE_NVIDIA_CDI_KIND"},  # in-cluster; empty by default
+    # in-cluster; empty by default; /proc (a driver root of files' proc/ in tests only)
+    "kubelet-plugin": {"KUBECONFIG", "GPUSLICE_NVIDIA_CDI_KIND", "GPUSLICE_PROC_ROOT"},
     "enforcer": {"GPUSLICE_MPS_CONTROL"},  # empty: nvidia-cuda-mps-control or the fake's
     "mig-manager": {"KUBECONFIG", "GPUSLICE_CONFIG_FILE"},  # in-cluster; layouts from --config-map
 }

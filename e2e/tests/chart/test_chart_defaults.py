@@ -29,6 +29,10 @@ Parser = Callable[[], EnvArgumentParser]
 
 PER_POD_SOCKET = "per-pod socket name ($(GPUSLICE_POD_UID)): two pods overlap in a rolling update"
 NODE_SETUP_STEP = "node-setup runs a step only when its flag is given; the chart asks for it"
+DRIVER_ROOT_MOUNT = (
+    "the chart mounts the host's driver root (nvml.driverRoot) at /driver-root in every NVML"
+    " container (gpuslice.nvmlEnv); a service on the host reads / itself"
+)
 
 #: (workload, container) -> {variable: why the chart's value is not the service's default}
 EXCEPTIONS: dict[tuple[str, str], dict[str, str]] = {
@@ -43,6 +47,7 @@ EXCEPTIONS: dict[tuple[str, str], dict[str, str]] = {
             "the stable link enforcer.sock that the CDI hook calls exists only because the chart's"
             " socket is per pod; a lone enforcer's hooks call its own --socket (the default)"
         ),
+        "GPUSLICE_DRIVER_ROOT": DRIVER_ROOT_MOUNT,
     },
     ("node", "mig-manager"): {
         "GPUSLICE_SOCKET": PER_POD_SOCKET,
@@ -50,6 +55,7 @@ EXCEPTIONS: dict[tuple[str, str], dict[str, str]] = {
             "the release's own ConfigMap (<namespace>/<release>-mig-parted-config); a lone MIG"
             " manager has no ConfigMap unless told"
         ),
+        "GPUSLICE_DRIVER_ROOT": DRIVER_ROOT_MOUNT,
     },
     ("node", "kubelet-plugin"): {
         "GPUSLICE_ENFORCER_SOCKET": (
@@ -57,15 +63,13 @@ EXCEPTIONS: dict[tuple[str, str], dict[str, str]] = {
             " only) and its socket is per pod"
         ),
         "GPUSLICE_MIG_MANAGER_SOCKET": "as the enforcer socket: a sidecar of the chart's pod",
-        "GPUSLICE_DRIVER_ROOT": (
-            "the chart mounts the host's driver root (nvml.driverRoot) at /driver-root in the"
-            " container; a plugin on the host reads / itself"
-        ),
+        "GPUSLICE_DRIVER_ROOT": DRIVER_ROOT_MOUNT,
         "GPUSLICE_DRIVER_ROOT_HOST": (
             "the host path of that mount; the default, unset, means 'the same as --driver-root',"
             " which is / on the host, so it is the chart's / in effect"
         ),
     },
+    ("device-plugin", "device-plugin"): {"GPUSLICE_DRIVER_ROOT": DRIVER_ROOT_MOUNT},
     ("controller", "controller"): {
         "GPUSLICE_CERT_HOSTS": "the release's Service DNS names (<release>-controller.<ns>.svc)",
         "GPUSLICE_ENFORCER_SELECTOR": (

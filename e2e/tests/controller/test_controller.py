@@ -186,11 +186,14 @@ def webhook_namespace(kube: RawApi, controller: Controller) -> Iterator[str]:
         },
     )
     yield name
-    with contextlib.suppress(KubeNotFoundError):
-        kube.delete(resource_path("v1", "namespaces", name=name))
     # Namespace deletion is asynchronous: until its pods and claims are gone their shares stay
     # allocated on the module's node, and the next test (six 30 % shares on two L4s fill it
-    # exactly) would find it full.
+    # exactly) would find it full. The namespace controller takes 5-8 s to get to them, so
+    # they are deleted first, and the namespace after.
+    kube.delete_collection(resource_path("v1", "pods", namespace=name))
+    kube.delete_collection(resource_path(RESOURCE, "resourceclaims", namespace=name))
+    with contextlib.suppress(KubeNotFoundError):
+        kube.delete(resource_path("v1", "namespaces", name=name))
     wait_for(
         lambda: (
             not kube.list(resource_path("v1", "pods", namespace=name))["items"]

@@ -43,16 +43,14 @@ def free_port() -> int:
 
 
 def scrape(port: int) -> dict[str, float]:
-    """``pod/container@device_uuid`` → memory used, from the plugin's /metrics."""
+    """``pod/container@UUID`` → memory used, from the plugin's /metrics."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
         text = reply.read().decode()
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name == USED:
-                out[f"{s.labels['pod']}/{s.labels['container']}@{s.labels['device_uuid']}"] = (
-                    s.value
-                )
+                out[f"{s.labels['pod']}/{s.labels['container']}@{s.labels['UUID']}"] = s.value
     return out
 
 

@@ -219,6 +219,8 @@ def test_with_the_mode_left_alone_mps_is_soft_and_a_bypassing_process_is_killed(
         reaction = time.monotonic() - ready
         killed = _next(violations, pb.ACTION_KILLED)
         reported = stub.GetUsage(pb.GetUsageRequest(claim_uid="uid-b")).shares[0]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as page:
+            caught = page.read().decode()
         before = FakeNvmlControl.from_config_file(node).sm_accounting(client.pid)
         time.sleep(1)
         after = FakeNvmlControl.from_config_file(node).sm_accounting(client.pid)
@@ -229,6 +231,10 @@ def test_with_the_mode_left_alone_mps_is_soft_and_a_bypassing_process_is_killed(
     assert "not a client of the MPS server" in killed.message and killed.pid == bypass.pid
     assert killed.mechanism == pb.MECHANISM_WATCHDOG
     assert reported.devices[0].violations >= 1 and reported.devices[0].kills == 1
+    bypasses = (
+        f'gpuslice_enforcer_share_bypasses_total{{UUID="{gpu.uuid}",claim_uid="uid-b",gpu="0"}}'
+    )
+    assert f"{bypasses} 1.0" in caught  # what the alert GpusliceShareBypass fires on
     assert client.alive()  # a legitimate client is never killed for another's bypass
     assert after.frozen_seconds - before.frozen_seconds < 0.05  # nor frozen
 

@@ -91,18 +91,20 @@ def test_metrics_follow_a_share_and_its_delete(
     reader, stranger = tokens
     start_pod(kube, ns, node, "share", cores="30", memory="20Gi")
     wait_pod_phase(kube, ns, "share", "Running", timeout=30)
-    gpu = (
-        ("device", "gpu-0"),
+    gpu = (  # as dcgm-exporter labels the GPU, and its DRA name (sorted, as parsed)
+        ("GPU_I_PROFILE", ""),
+        ("Hostname", node.name),
+        ("UUID", node.gpu_uuid(0)),
+        ("dra_device", "gpu-0"),
+        ("gpu", "0"),
         ("model", "NVIDIA H100 80GB HBM3"),
-        ("node", node.name),
         ("type", "gpu"),
-        ("uuid", node.gpu_uuid(0)),
     )
 
     def allocated() -> float | None:
-        return controller.metrics().get(("gpuslice_gpu_cores_allocated_percent", gpu))
+        return controller.metrics().get(("gpuslice_gpu_cores_allocated_ratio", gpu))
 
-    wait_for(lambda: allocated() == 30 or None, 10, "30% of gpu-0 in the metrics")
+    wait_for(lambda: allocated() == 0.3 or None, 10, "30% of gpu-0 in the metrics")
     samples = controller.metrics()
     assert samples[("gpuslice_gpu_memory_allocated_bytes", gpu)] == 20 * GIB
     assert samples[("gpuslice_gpu_memory_total_bytes", gpu)] == 81559 * 1024**2
@@ -117,9 +119,10 @@ def test_metrics_follow_a_share_and_its_delete(
     [claim_row] = [
         (labels, v)
         for (name, labels), v in claims.items()
-        if name == "gpuslice_claim_cores_percent" and ("namespace", ns) in labels
+        if name == "gpuslice_claim_cores_ratio" and ("namespace", ns) in labels
     ]
-    assert claim_row[1] == 30 and ("device", "gpu-0") in claim_row[0]
+    assert claim_row[1] == 0.3 and ("dra_device", "gpu-0") in claim_row[0]
+    assert ("UUID", node.gpu_uuid(0)) in claim_row[0] and ("gpu", "0") in claim_row[0]
     assert not [key for key in claims if key[0].startswith("gpuslice_gpu_")]
     assert controller.claim_metrics(stranger)[0] == 403
     assert controller.claim_metrics(None)[0] == 401

@@ -83,7 +83,7 @@ def test_the_drivers_libraries_and_binaries_are_mounted_read_only_at_their_host_
 ) -> None:
     seen = tmp_path / "driver-root"
     driver_files(seen)
-    mounts = DriverRoot(seen, host=Path("/run/nvidia/driver")).user_space()
+    mounts = DriverRoot(seen, host=Path("/run/nvidia/driver"), machine="x86_64").user_space()
     got = {m.container_path: m.host_path for m in mounts}
     host = f"/run/nvidia/driver/{LIB}"
     assert got == {
@@ -91,9 +91,52 @@ def test_the_drivers_libraries_and_binaries_are_mounted_read_only_at_their_host_
         f"/{LIB}/libcuda.so.580.1": f"{host}/libcuda.so.580.1",
         f"/{LIB}/libnvidia-ml.so.1": f"{host}/libnvidia-ml.so.580.1",  # absolute link, rerooted
         f"/{LIB}/libnvidia-ml.so.580.1": f"{host}/libnvidia-ml.so.580.1",
+        # RHEL-like images' system library directory too (see the next test)
+        "/usr/lib64/libcuda.so.1": f"{host}/libcuda.so.580.1",
+        "/usr/lib64/libcuda.so.580.1": f"{host}/libcuda.so.580.1",
+        "/usr/lib64/libnvidia-ml.so.1": f"{host}/libnvidia-ml.so.580.1",
+        "/usr/lib64/libnvidia-ml.so.580.1": f"{host}/libnvidia-ml.so.580.1",
         "/usr/bin/nvidia-smi": "/run/nvidia/driver/usr/bin/nvidia-smi",
     }
     assert all(m.options[:3] == ["ro", "nosuid", "nodev"] for m in mounts)
+
+
+@pytest.mark.parametrize(
+    ("machine", "host_dir", "system_dirs"),
+    [
+        ("x86_64", "usr/lib64", ["/usr/lib/x86_64-linux-gnu", "/usr/lib64"]),  # RHEL host
+        ("aarch64", "usr/lib/aarch64-linux-gnu", ["/usr/lib/aarch64-linux-gnu", "/usr/lib64"]),
+        (
+            "x86_64",
+            "usr/lib/x86_64-linux-gnu/nvidia/current",
+            ["/usr/lib/x86_64-linux-gnu", "/usr/lib64"],
+        ),
+        ("ppc64le", "usr/lib64", ["/usr/lib64"]),  # no Debian triplet known: its own path only
+    ],
+)
+def test_every_library_is_also_where_either_familys_loader_looks_without_ldconfig(
+    tmp_path: Path, machine: str, host_dir: str, system_dirs: list[str]
+) -> None:
+    """The update-ldcache question: the container's glibc searches its system library
+    directories (Debian: /usr/lib/<triplet>; RHEL-like: /usr/lib64) after a miss in the
+    image's ld.so.cache, so each library is mounted at its host path and in both, and a RHEL
+    host's /usr/lib64 libraries are found in an Ubuntu image with no ldconfig and no
+    LD_LIBRARY_PATH (and the other way round)."""
+    lib = tmp_path / host_dir
+    lib.mkdir(parents=True)
+    (lib / "libcuda.so.580.1").write_bytes(b"\x7fELF")
+    (lib / "libcuda.so.1").symlink_to("libcuda.so.580.1")
+    mounts = DriverRoot(tmp_path, host=Path("/"), machine=machine).user_space()
+    got: dict[str, set[str]] = {}
+    for m in mounts:
+        got.setdefault(m.host_path, set()).add(m.container_path)
+        assert m.options[:3] == ["ro", "nosuid", "nodev"]
+    want = {f"/{host_dir}", *system_dirs}
+    assert got == {
+        f"/{host_dir}/libcuda.so.580.1": {
+            f"{d}/{name}" for d in want for name in ("libcuda.so.1", "libcuda.so.580.1")
+        }
+    }
 
 
 def test_a_process_that_sees_its_own_root_mounts_nothing(tmp_path: Path) -> None:

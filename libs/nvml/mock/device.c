@@ -2,12 +2,30 @@
  * NVLink, utilization, compute mode and processes. */
 #include "mock.h"
 
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
 
 static int g_refcount;
+
+/* The node file: GPUSLICE_NVML_MOCK_NODE, else NODE_FILE_NAME in the directory this library was
+ * loaded from (dladdr), so a program that loads the mock from a driver root (the node pods'
+ * /driver-root/usr/lib/x86_64-linux-gnu/) needs no variable. 0 when there is none. */
+static int node_path(char *out, size_t size) {
+    const char *env = getenv(NODE_ENV);
+    if (env && *env) {
+        snprintf(out, size, "%s", env);
+        return 1;
+    }
+    Dl_info info;
+    if (!dladdr((void *)&nvmlInitWithFlags, &info) || !info.dli_fname) return 0;
+    const char *slash = strrchr(info.dli_fname, '/');
+    if (!slash) return 0; /* loaded by a bare name: no directory to look in */
+    snprintf(out, size, "%.*s/%s", (int)(slash - info.dli_fname), info.dli_fname, NODE_FILE_NAME);
+    return 1;
+}
 
 static void fill_handles(void) {
     for (int g = 0; g < MAX_GPUS; g++) {
@@ -27,9 +45,10 @@ nvmlReturn_t DECLDIR nvmlInitWithFlags(unsigned int flags) {
     pthread_mutex_lock(&g_lock);
     nvmlReturn_t rc = NVML_SUCCESS;
     if (g_refcount == 0) {
-        const char *path = getenv(NODE_ENV);
-        if (!path || !*path) {
-            fprintf(stderr, "mock libnvidia-ml: " NODE_ENV " is not set; write a node file with "
+        char path[4096];
+        if (!node_path(path, sizeof path)) {
+            fprintf(stderr, "mock libnvidia-ml: " NODE_ENV " is not set and the library's own "
+                    "directory is unknown; write a node file with "
                     "`python -m gpuslice_nvml.mock --config <fake node config>`\n");
             rc = NVML_ERROR_DRIVER_NOT_LOADED;
         } else if ((rc = node_load(path, &g_node)) == NVML_SUCCESS) {

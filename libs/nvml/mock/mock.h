@@ -19,6 +19,8 @@
 #define NO_ID 0xFFFFFFFFu
 #define MIB (1024ULL * 1024ULL)
 #define NODE_ENV "GPUSLICE_NVML_MOCK_NODE"
+/* Without NODE_ENV: the node file next to the library itself (a driver root of files). */
+#define NODE_FILE_NAME "gpuslice-nvml-mock-node.json"
 #define NODE_FORMAT_VERSION 1
 #define STATE_SCHEMA_VERSION 1
 

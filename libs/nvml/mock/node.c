@@ -120,7 +120,8 @@ nvmlReturn_t node_load(const char *path, node_facts **out) {
     size_t len;
     char *text = read_file(path, &len);
     if (!text) {
-        fprintf(stderr, "mock libnvidia-ml: cannot read the node file %s: %s\n", path, strerror(errno));
+        fprintf(stderr, "mock libnvidia-ml: cannot read the node file %s: %s (set " NODE_ENV
+                " or put " NODE_FILE_NAME " next to the library)\n", path, strerror(errno));
         return NVML_ERROR_DRIVER_NOT_LOADED;
     }
     jv *doc = json_parse(text, len);

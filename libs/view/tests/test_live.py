@@ -18,7 +18,7 @@ from gpuslice_view.live import LivePoller, NodeLive, ShareLive, Target
 from gpuslice_view.model import ClusterView
 
 pytestmark = pytest.mark.timeout(30)
-SHARE = ["claim_uid", "device"]
+SHARE = ["claim_uid", "gpu", "UUID"]
 
 
 def enforcer_text(*shares: tuple[str, str, str, int, float]) -> str:
@@ -27,15 +27,15 @@ def enforcer_text(*shares: tuple[str, str, str, int, float]) -> str:
     p = "gpuslice_enforcer_share"
     used = Gauge(f"{p}_memory_used_bytes", "m", SHARE, registry=r)
     limit = Gauge(f"{p}_memory_limit_bytes", "m", SHARE, registry=r)
-    sm = Gauge(f"{p}_sm_percent", "s", SHARE, registry=r)
-    sm_limit = Gauge(f"{p}_sm_limit_percent", "s", SHARE, registry=r)
+    sm = Gauge(f"{p}_sm_ratio", "s", SHARE, registry=r)
+    sm_limit = Gauge(f"{p}_sm_limit_ratio", "s", SHARE, registry=r)
     Gauge("gpuslice_enforcer_other", "o", registry=r).set(5)
     for _namespace, name, uuid, memory, percent in shares:
-        labels = ("uid-" + name, uuid)
+        labels = ("uid-" + name, uuid.removeprefix("GPU-"), uuid)
         used.labels(*labels).set(memory)
         limit.labels(*labels).set(20 * GIB)
-        sm.labels(*labels).set(percent)
-        sm_limit.labels(*labels).set(30)
+        sm.labels(*labels).set(percent / 100)
+        sm_limit.labels(*labels).set(0.3)
     return generate_latest(r).decode()
 
 

@@ -81,7 +81,7 @@ def test_list_strategy_may_be_a_list_and_names_without_domain_get_nvidia() -> No
             "  timeSlicing: {resources: [{name: gpu, replicas: 2}]}",
             "sharing: resource 'nvidia.com/gpu' is listed under both timeSlicing and mps",
         ),
-        ("flags: {nvidiaDriverRoot: /}", "flags.nvidiaDriverRoot: the driver root"),
+        ("flags: {nvidiaDriverRoot: /}", "flags.nvidiaDriverRoot: use --driver-root"),
         (
             "sharing: {timeSlicing: {resources: [{name: x, replicas: 2, devices: all}]}}",
             "sharing.timeSlicing.resources[0].devices: device selection is not supported",

@@ -32,7 +32,6 @@ from gpuslice_testkit.device_plugin import H100_MIXED, settings, write_node
 pytestmark = pytest.mark.timeout(20)
 
 GIB = 1024**3
-NODE = "gpu-node-1"
 UID_A = "0f4e7a1c-1111-4c3b-9d2e-aaaaaaaaaaaa"
 UID_B = "0f4e7a1c-2222-4c3b-9d2e-bbbbbbbbbbbb"
 TIME_SLICING = """
@@ -103,7 +102,7 @@ def collect(
     sources = Sources(held, node.nvml, pods=pods, cgroups=cgroups or no_cgroups)
     registry = CollectorRegistry()
     on_error = errors.append if errors is not None else None
-    registry.register(ContainerCollector(NODE, sources, table, on_error=on_error))
+    registry.register(ContainerCollector(sources, table, on_error=on_error))
     return registry
 
 
@@ -120,9 +119,10 @@ def labels(node: Node, pod_name: str, gpu: int, container: str = "main") -> dict
         "namespace": "ns",
         "pod": pod_name,
         "container": container,
-        "node": NODE,
-        "device_index": str(gpu),
-        "device_uuid": node.uuid(gpu),
+        "gpu": str(gpu),
+        "UUID": node.uuid(gpu),
+        "GPU_I_PROFILE": "",
+        "GPU_I_ID": "",
         "resource": "nvidia.com/gpu",
     }
 
@@ -141,8 +141,8 @@ def test_one_holder_gets_every_process_on_its_gpu_without_reading_cgroups(
     assert value(registry, "gpuslice_container_gpu_memory_used_bytes", **want) == 4 * GIB
     total = node.nvml.gpus()[1].memory_total_bytes
     assert value(registry, "gpuslice_container_gpu_memory_limit_bytes", **want) == total
-    assert value(registry, "gpuslice_container_gpu_sm_percent", **want) == 50
-    assert value(registry, "gpuslice_container_gpu_sm_limit_percent", **want) == 100
+    assert value(registry, "gpuslice_container_gpu_sm_ratio", **want) == 0.5
+    assert value(registry, "gpuslice_container_gpu_sm_limit_ratio", **want) == 1
     assert value(registry, "gpuslice_container_gpu_limit_enforced", **want) == 0
     assert value(registry, "gpuslice_container_gpu_processes", **want) == 2
     assert series(registry, "gpuslice_container_gpu_memory_used_bytes") == [want]
@@ -180,8 +180,8 @@ def test_time_slicing_replicas_are_told_apart_by_the_pod_uid_in_the_cgroup(
     used = "gpuslice_container_gpu_memory_used_bytes"
     assert value(registry, used, **labels(node, "a", 0)) == 2 * GIB
     assert value(registry, used, **labels(node, "b", 0)) == 5 * GIB
-    assert value(registry, "gpuslice_container_gpu_sm_percent", **labels(node, "b", 0)) == 40
-    lost = {"node": NODE, "device_index": "0", "device_uuid": node.uuid(0)}
+    assert value(registry, "gpuslice_container_gpu_sm_ratio", **labels(node, "b", 0)) == 0.4
+    lost = {"gpu": "0", "UUID": node.uuid(0), "GPU_I_PROFILE": "", "GPU_I_ID": ""}
     assert value(registry, "gpuslice_device_plugin_unattributed_processes", **lost) == 1
     listed = 0
     series(registry, used)  # one scrape
@@ -207,7 +207,7 @@ def test_without_the_api_server_shared_gpus_are_not_guessed(
     )
 
     assert value(registry, "gpuslice_container_gpu_memory_used_bytes", **labels(node, "a", 0)) == 0
-    lost = {"node": NODE, "device_index": "0", "device_uuid": node.uuid(0)}
+    lost = {"gpu": "0", "UUID": node.uuid(0), "GPU_I_PROFILE": "", "GPU_I_ID": ""}
     assert value(registry, "gpuslice_device_plugin_unattributed_processes", **lost) == 1
     assert errors == ["apiserver", "apiserver"]  # one per scrape (two above)
 
@@ -255,7 +255,7 @@ def test_an_mps_replica_reports_its_enforced_share(make_node: Callable[..., Node
 
     want = labels(node, "a", 0)
     assert value(registry, "gpuslice_container_gpu_memory_limit_bytes", **want) == share_memory
-    assert value(registry, "gpuslice_container_gpu_sm_limit_percent", **want) == 25
+    assert value(registry, "gpuslice_container_gpu_sm_limit_ratio", **want) == 0.25
     assert value(registry, "gpuslice_container_gpu_limit_enforced", **want) == 1
 
 
@@ -268,14 +268,16 @@ def test_mig_devices_have_their_memory_as_limit_and_no_sm_series(
     held = [Holder("ns", "a", "main", "nvidia.com/mig-1g.10gb", mig.id)]
     registry = collect(node, lambda: held)
 
-    want = {**labels(node, "a", 0), "device_index": mig.index, "device_uuid": mig.uuid}
+    # a MIG device as dcgm-exporter labels it: its parent GPU, its GPU instance's profile and id
+    want = {**labels(node, "a", mig.gpu_index), "GPU_I_PROFILE": "1g.10gb"}
+    want["GPU_I_ID"] = str(mig.gpu_instance_id)
     want["resource"] = "nvidia.com/mig-1g.10gb"
     assert value(registry, "gpuslice_container_gpu_memory_used_bytes", **want) == GIB
     mig_memory = next(m for m in node.nvml.mig_devices(mig.gpu_index) if m.uuid == mig.uuid)
     limit = value(registry, "gpuslice_container_gpu_memory_limit_bytes", **want)
     assert limit == mig_memory.memory_bytes
     assert value(registry, "gpuslice_container_gpu_limit_enforced", **want) == 1
-    assert series(registry, "gpuslice_container_gpu_sm_percent") == []
+    assert series(registry, "gpuslice_container_gpu_sm_ratio") == []
 
 
 def test_series_follow_the_kubelet_at_every_scrape_and_a_failure_drops_them(

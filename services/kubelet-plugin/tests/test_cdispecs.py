@@ -3,12 +3,17 @@ container gets exactly the devices of the requests it names and several claims c
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
+
+import pytest
 
 from gpuslice_core.cdi import ClaimSpecs, ContainerEdits, Hook, load_spec, resolve
 from gpuslice_core.driverroot import DriverRoot
 from gpuslice_kubelet_plugin.cdispecs import CdiWriter, device_env
 from gpuslice_kubelet_plugin.checkpoint import ClaimRecord, DeviceRecord
+from gpuslice_testkit.nvml_mock import CAPS_MAJOR, mig_cap_minor, write_driver_root
 
 GIB = 1 << 30
 HOOK = Hook(hook_name="createContainer", path="/bin/hook", args=["/bin/hook", "attach"])
@@ -143,7 +148,8 @@ def test_a_mig_device_gets_its_capability_nodes_and_every_device_the_drivers_fil
         (caps / path).mkdir(parents=True)
         (caps / path / "access").write_text(f"DeviceFileMinor: {minor}\n")
     (tmp_path / "proc" / "devices").write_text("241 nvidia-caps\n")
-    w = CdiWriter(ClaimSpecs(tmp_path / "cdi"), driver=DriverRoot(root, proc=tmp_path / "proc"))
+    root_driver = DriverRoot(root, proc=tmp_path / "proc")
+    w = CdiWriter(ClaimSpecs(tmp_path / "cdi"), driver=root_driver)
     static = gpu(0, "small", device="gpu-0-mig-1c-0", kind="mig", uuid="MIG-a", cores=None)
     dynamic = gpu(0, "made", device="gpu-0-mig-3g-4", kind="mig", uuid="MIG-b", cores=None)
     dynamic.gpu_instance_id = 5
@@ -159,6 +165,53 @@ def test_a_mig_device_gets_its_capability_nodes_and_every_device_the_drivers_fil
     assert [n.minor for n in made.device_nodes[1:]] == [50, 51]
     assert "NVIDIA_VISIBLE_DEVICES=void" in mine.env
     assert {m.container_path: m.host_path for m in mine.mounts} == {
-        "/usr/lib64/libcuda.so.1": str(lib / "libcuda.so.580.1"),
-        "/usr/lib64/libcuda.so.580.1": str(lib / "libcuda.so.580.1"),
+        f"{d}/{name}": str(lib / "libcuda.so.580.1")
+        for d in root_driver.system_library_dirs()
+        for name in ("libcuda.so.1", "libcuda.so.580.1")
     }
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mknod of character devices needs root")
+def test_on_a_driver_root_of_files_a_mig_device_gets_nodes_the_runtime_accepts(
+    tmp_path: Path,
+) -> None:
+    """The layout the real-node tier runs the node pods on (gpuslice_testkit.nvml_mock.
+    write_driver_root): every node of a MIG device's edits is a character device on the host
+    (containerd's CDI stats a node with a host path and refuses a regular file), its capability
+    nodes carry the nvidia-caps major from the root's procfs, and the mounts are the root's
+    stand-in libraries, libnvidia-ml being the mock."""
+    config = tmp_path / "node.yaml"
+    config.write_text(
+        "gpus:\n  - model: A100-SXM4-40GB\n    migEnabled: true\n"
+        "    migInstances: [{profile: 3g.20gb}]\n"
+    )
+    files = write_driver_root(tmp_path / "root", config, "node-a", tmp_path / "state")
+    w = CdiWriter(ClaimSpecs(tmp_path / "cdi"), driver=DriverRoot(files.root, proc=files.proc))
+    mig = gpu(0, "slice", device="gpu-0-mig-3g.20gb-0", kind="mig", uuid="MIG-a", cores=None)
+    ids = w.write(record("u1", mig, shared=False), {"GPU-0": 0}, {"MIG-a": (1, 0)})
+
+    edits = resolve(tmp_path / "cdi", ids["u1-gpu-0-mig-3g.20gb-0"])
+    nodes = {n.path: n for n in edits.device_nodes}
+    assert list(nodes) == [
+        "/dev/nvidia0",
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools",
+        f"/dev/nvidia-caps/nvidia-cap{mig_cap_minor(0, 1)}",
+        f"/dev/nvidia-caps/nvidia-cap{mig_cap_minor(0, 1, 0)}",
+    ]
+    for node in nodes.values():
+        if node.host_path:  # the runtime stats the host's node
+            assert stat.S_ISCHR(Path(node.host_path).stat().st_mode), node
+        else:  # made by the runtime from the spec's numbers
+            assert (node.type, node.major) == ("c", CAPS_MAJOR)
+            host = files.root / node.path.lstrip("/")
+            assert files.devices[host] == (CAPS_MAJOR, node.minor)
+    mounts = {m.container_path: m.host_path for m in edits.mounts}
+    lib = "/usr/lib/x86_64-linux-gnu"
+    assert mounts[f"{lib}/libnvidia-ml.so.1"] == str(files.library)
+    assert mounts[f"{lib}/libcuda.so.1"] == str(
+        files.root / lib.lstrip("/") / "libcuda.so.570.158.01"
+    )
+    assert f"{lib}/gpuslice-nvml-mock-node.json" not in mounts  # the mock's node stays home
+    assert mounts["/usr/bin/nvidia-smi"] == str(files.root / "usr/bin/nvidia-smi")

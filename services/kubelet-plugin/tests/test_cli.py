@@ -41,6 +41,7 @@ FLAGS = {
     "--gc-interval": "GPUSLICE_GC_INTERVAL",
     "--rescan-interval": "GPUSLICE_RESCAN_INTERVAL",
     "--driver-root": "GPUSLICE_DRIVER_ROOT or NVIDIA_DRIVER_ROOT",
+    "--proc-root": "GPUSLICE_PROC_ROOT",
     "--nvidia-cdi-kind": "GPUSLICE_NVIDIA_CDI_KIND",
     "--shutdown-grace": "GPUSLICE_SHUTDOWN_GRACE",
     "--log-level": "GPUSLICE_LOG_LEVEL",

@@ -83,7 +83,9 @@ def test_switching_to_all_balanced_destroys_and_recreates(
     records = manager.state().instances
     assert len(records) == 32
     assert {r.layout for r in records.values()} == {"all-balanced"}
-    assert manager.metrics.instances.labels(gpu="0", profile="1g.5gb")._value.get() == 2
+    uuid = manager.nvml.gpu(0).uuid
+    labels = {"gpu": "0", "UUID": uuid, "GPU_I_PROFILE": "1g.5gb"}
+    assert manager.metrics.registry.get_sample_value("gpuslice_mig_manager_instances", labels) == 2
 
 
 def test_all_balanced_from_scratch_needs_placement_search(
@@ -256,8 +258,9 @@ def test_metrics_count_creates_destroys_and_applies(
     assert value("gpuslice_mig_manager_destroy_instance_total", result="success") == 8
     assert value("gpuslice_mig_manager_apply_layout_total", result="success") == 2
     assert value("gpuslice_mig_manager_apply_layout_duration_seconds_count", result="success") == 2
-    assert value("gpuslice_mig_manager_instances", gpu="7", profile="4g.20gb") == 1
-    assert value("gpuslice_mig_manager_instances", gpu="7", profile="7g.40gb") == 0
+    seven = {"gpu": "7", "UUID": manager.nvml.gpu(7).uuid}
+    assert value("gpuslice_mig_manager_instances", **seven, GPU_I_PROFILE="4g.20gb") == 1
+    assert value("gpuslice_mig_manager_instances", **seven, GPU_I_PROFILE="7g.40gb") == 0
 
 
 def test_a_failed_gpu_reset_means_rebooting(

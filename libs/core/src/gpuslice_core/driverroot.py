@@ -27,17 +27,24 @@ instance asked for is an error: the container would start without its GPU.
 
 The library search does not follow ``ld.so.cache``: it looks in the distributions' library
 directories in a fixed order and takes, per library, the first directory that has it (the one
-the host's own loader would usually pick). A library whose path in the container is not in the
-image's loader path (a RHEL host's ``/usr/lib64`` in an Ubuntu image) is found only where the
-image's ``LD_LIBRARY_PATH`` names it; NVIDIA's toolkit runs ``ldconfig`` in the container for
-that case (docs/cdi.md, "Driver files").
+the host's own loader would usually pick).
+
+**Finding them in the container without ldconfig.** Each library is mounted at its host path
+*and* in both families' system library directories, ``/usr/lib/<triplet>`` (Debian, Ubuntu)
+and ``/usr/lib64`` (RHEL, Fedora, Amazon Linux, SUSE): glibc's loader searches its built-in
+system directories after a miss in ``ld.so.cache``, so ``dlopen("libcuda.so.1")`` finds the
+library whatever the host's and the image's families, with no ``LD_LIBRARY_PATH`` and no
+``ldconfig`` run in the container. NVIDIA's toolkit instead adds an ``update-ldcache``
+createContainer hook (``ldconfig`` in the container's root); docs/cdi.md, "Driver files", says
+why we do not.
 """
 
 from __future__ import annotations
 
 import os
+import platform
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuslice_core.cdi import DeviceNode, Mount
@@ -65,17 +72,26 @@ LIBRARIES = (
 )
 """Library names without their version; every versioned file or link of each is mounted."""
 LIBRARY_DIRS = (
+    # NVIDIA's order (nvidia-container-toolkit internal/lookup/library.go, which NVIDIA's DRA
+    # driver uses with its driver root to find libnvidia-ml.so.1), then where GKE and plain
+    # /usr/lib installs put them
+    "usr/lib64",
     "usr/lib/x86_64-linux-gnu",
     "usr/lib/aarch64-linux-gnu",
+    "usr/lib/x86_64-linux-gnu/nvidia/current",
+    "usr/lib/aarch64-linux-gnu/nvidia/current",
+    "lib64",
     "lib/x86_64-linux-gnu",
     "lib/aarch64-linux-gnu",
-    "usr/lib64",
-    "lib64",
+    "lib/x86_64-linux-gnu/nvidia/current",
+    "lib/aarch64-linux-gnu/nvidia/current",
     "usr/local/nvidia/lib64",
     "usr/lib",
     "lib",
 )
-"""Searched in this order, relative to the driver root; per library the first that has it."""
+"""Searched in this order, relative to the driver root; per library the first that has it. The
+same list finds the ``libnvidia-ml.so.1`` the services load (``gpuslice_nvml.real.library``), so
+a container gets the library the plugin itself talks to."""
 BINARIES = (
     "nvidia-smi",
     "nvidia-debugdump",
@@ -83,6 +99,14 @@ BINARIES = (
     "nvidia-cuda-mps-control",
     "nvidia-cuda-mps-server",
 )
+#: glibc's built-in system library directories (``ld.so --help``, "System search path"): a
+#: library there is found after a miss in the image's ``ld.so.cache``. Debian and Ubuntu search
+#: ``/usr/lib/<triplet>``, RHEL-like distributions ``/usr/lib64``.
+TRIPLETS = {
+    "x86_64": "x86_64-linux-gnu",
+    "aarch64": "aarch64-linux-gnu",
+    "arm64": "aarch64-linux-gnu",
+}
 BINARY_DIRS = ("usr/bin", "usr/local/nvidia/bin", "bin")
 MOUNT_OPTIONS = ["ro", "nosuid", "nodev", "rbind", "rprivate"]
 
@@ -99,6 +123,14 @@ class DriverRoot:
     path: Path = Path("/")
     proc: Path = Path("/proc")
     host: Path | None = None
+    #: The node's machine (``uname -m``): which ``/usr/lib/<triplet>`` libraries also go to.
+    machine: str = field(default_factory=platform.machine)
+
+    def system_library_dirs(self) -> list[str]:
+        """Where every library is mounted besides its host path: both families' system
+        library directories in the container."""
+        triplet = TRIPLETS.get(self.machine)
+        return ([f"/usr/lib/{triplet}"] if triplet else []) + ["/usr/lib64"]
 
     def host_path(self, inside: Path) -> str:
         """The host's path of ``inside`` (a path under ``path``)."""
@@ -180,7 +212,14 @@ class DriverRoot:
             for directory in LIBRARY_DIRS:
                 files = sorted((self.path / directory).glob(f"{name}.*"))
                 if files:
-                    mounts += [self._mount(f) for f in files]
+                    for found in files:
+                        at_host = self._mount(found)
+                        mounts.append(at_host)
+                        mounts += [
+                            at_host.model_copy(update={"container_path": f"{d}/{found.name}"})
+                            for d in self.system_library_dirs()
+                            if f"{d}/{found.name}" != at_host.container_path
+                        ]
                     break
         for name in BINARIES:
             for directory in BINARY_DIRS:
@@ -219,20 +258,40 @@ class DriverRoot:
         )
 
     def _resolve(self, path: Path) -> Path | None:
-        """The file ``path`` names, following links as the host would: an absolute link
-        target is under the driver root, not under this process's ``/``. None for a dangling
-        link, a loop or a target that is not a regular file."""
-        for _ in range(40):
-            if not path.is_symlink():
-                return path if path.is_file() else None
-            target = path.readlink()
-            if target.is_absolute():
-                path = self.path / target.relative_to("/")
-            else:
-                path = Path(os.path.normpath(path.parent / target))
-            if not path.is_relative_to(self.path):
-                return None
-        return None
+        return resolve(self.path, path)
+
+
+def resolve(root: Path, path: Path) -> Path | None:
+    """The file ``path`` (under ``root``) names, following links as the host would: an absolute
+    link target is under the driver root, not under this process's ``/``. None for a missing
+    file, a dangling link, a loop, a link out of the root or a target that is not a regular
+    file."""
+    for _ in range(40):
+        if not path.is_symlink():
+            return path if path.is_file() else None
+        target = path.readlink()
+        if target.is_absolute():
+            path = root / target.relative_to("/")
+        else:
+            path = Path(os.path.normpath(path.parent / target))
+        if not path.is_relative_to(root):
+            return None
+    return None
+
+
+def library_candidates(root: Path, filename: str) -> list[Path]:
+    """Where ``filename`` (e.g. ``libnvidia-ml.so.1``) is looked for under ``root``, in order."""
+    return [root / directory / filename for directory in LIBRARY_DIRS]
+
+
+def find_library(root: Path, filename: str) -> Path | None:
+    """The first of :func:`library_candidates` that is (or links to) a file under ``root``:
+    the file itself, links resolved within the root; None when no directory has it."""
+    for candidate in library_candidates(root, filename):
+        found = resolve(root, candidate)
+        if found is not None:
+            return found
+    return None
 
 
 def _device_minor(access: Path) -> int:

@@ -37,6 +37,10 @@ from gpuslice_nvml.types import FAKE_NVML_CONFIG_ENV
 FORMAT_VERSION = 1
 #: The variable the C library reads at ``nvmlInit`` to find its node file.
 NODE_ENV = "GPUSLICE_NVML_MOCK_NODE"
+#: Without ``NODE_ENV``, the node file the library reads from its own directory (dladdr): a
+#: driver root of files carries it next to ``libnvidia-ml.so.1``, so the node pods that load
+#: the library from the driver root need no variable (docs/nvml-mock.md, "As a driver root").
+LIBRARY_NODE_FILE = "gpuslice-nvml-mock-node.json"
 #: Set (to "1") where the test suites run the real backend on the mock (libs/nvml/tests/mock).
 ON_MOCK_ENV = "GPUSLICE_NVML_TESTS_ON_MOCK"
 #: GPU-instance ids 0..14 (the memory-slice tree) and compute-instance ids 0..7.
@@ -137,10 +141,11 @@ def _gi_profile(gpu: FakeGpu, profile: Any) -> dict[str, Any]:
     }
 
 
-def write_node_file(node: FakeNode) -> Path:
-    """Write the node file (atomically) and make sure the shared state exists; its path."""
+def write_node_file(node: FakeNode, path: Path | None = None) -> Path:
+    """Write the node file (atomically; at ``path``, by default next to the state) and make
+    sure the shared state exists; its path."""
     StateStore(node.state_path, node.digest, node.initial_state).read()
-    path = node_file_path(node)
+    path = path or node_file_path(node)
     data = json.dumps(describe(node), indent=1).encode()
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:

@@ -19,16 +19,6 @@ FAKE_NVML_CONFIG_ENV = "GPUSLICE_FAKE_NVML_CONFIG"
 TIME_SLICES: dict[str, int] = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
 
 
-@dataclass(frozen=True)
-class NvidiaSmi:
-    """How the real backend runs ``nvidia-smi`` for what NVML has no call for (GPU reset, the
-    compute time slice): the binary, and extra environment (the driver root's library directory
-    when the binary is the driver root's, not the image's)."""
-
-    command: str = "nvidia-smi"
-    env: tuple[tuple[str, str], ...] = ()
-
-
 MIB = 1024 * 1024
 GIB = 1024 * MIB
 

@@ -1,11 +1,12 @@
 """Live usage against the limit: what each node's enforcer measures, scraped from its metrics.
 
 The source is the enforcers' own Prometheus endpoint (docs/enforcer.md, "Metrics"): per share
-and device, ``gpuslice_enforcer_share_memory_used_bytes``, ``..._memory_limit_bytes``,
-``..._sm_percent`` and ``..._sm_limit_percent`` with labels ``claim_uid`` and ``device`` (the
-GPU or MIG UUID). No new API on the node: the figures are the ones Prometheus already scrapes,
-and a node without an enforcer simply has none. The enforcer names a share by its claim's UID
-only (its endpoint needs no credentials); the view, which may read claims, puts the name back
+and GPU, ``gpuslice_enforcer_share_memory_used_bytes``, ``..._memory_limit_bytes``,
+``..._sm_ratio`` and ``..._sm_limit_ratio`` (0..1; the view keeps percent, as ``kubectl
+gpuslice top`` shows it) with labels ``claim_uid``, ``gpu`` (index) and ``UUID`` (the GPU's).
+No new API on the node: the figures are the ones Prometheus already scrapes, and a node without
+an enforcer simply has none. The enforcer names a share by its claim's UID only (its endpoint
+needs no credentials); the view, which may read claims, puts the name back
 (``ClusterView.live_of``).
 
 The enforcers are found through the Kubernetes API: the node pods of the chart (a label
@@ -44,11 +45,12 @@ NODE_SELECTOR = "app.kubernetes.io/part-of=gpuslice,app.kubernetes.io/component=
 
 _PREFIX = metric_name(Subsystem.ENFORCER, "share_")
 _FIELDS = {
-    "memory_used_bytes": "memory_used",
-    "memory_limit_bytes": "memory_limit",
-    "sm_percent": "sm_used",
-    "sm_limit_percent": "sm_limit",
+    "memory_used_bytes": ("memory_used", 1),
+    "memory_limit_bytes": ("memory_limit", 1),
+    "sm_ratio": ("sm_used", 100),
+    "sm_limit_ratio": ("sm_limit", 100),
 }
+"""Family (after the prefix) -> (``ShareLive`` field, factor from the series' unit to it)."""
 
 ShareKey = tuple[str, str]
 """(claim UID, device UUID): how the enforcer labels a share's series."""
@@ -87,13 +89,14 @@ def parse(text: str) -> dict[ShareKey, ShareLive]:
     for family in text_string_to_metric_families(text):
         if not family.name.startswith(_PREFIX):
             continue
-        attr = _FIELDS.get(family.name[len(_PREFIX) :])
-        if attr is None:
+        field_of = _FIELDS.get(family.name[len(_PREFIX) :])
+        if field_of is None:
             continue
+        attr, factor = field_of
         for sample in family.samples:
             labels = sample.labels
-            key = (labels.get("claim_uid", ""), labels.get("device", ""))
-            found.setdefault(key, {})[attr] = sample.value
+            key = (labels.get("claim_uid", ""), labels.get("UUID", ""))
+            found.setdefault(key, {})[attr] = sample.value * factor
     return {
         key: ShareLive(
             memory_used=int(v.get("memory_used", 0)),

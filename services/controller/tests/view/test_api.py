@@ -110,7 +110,8 @@ def test_claim_metrics_are_behind_the_same_door(source: t.FixedFeeder) -> None:
     answer = ViewApi(source, Allow()).get("/view/metrics", "Bearer x")
     assert answer.status == HTTPStatus.OK and answer.content_type.startswith("text/plain")
     text = answer.body.decode()
-    assert 'gpuslice_claim_cores_percent{claim="a",device="gpu-0",namespace="ml"' in text
+    assert 'gpuslice_claim_cores_ratio{GPU_I_PROFILE="",Hostname="node-a",UUID=' in text
+    assert 'claim="a",dra_device="gpu-0",gpu="0",namespace="ml"' in text
     assert "gpuslice_gpu_" not in text  # those are on the open port
     # Before the view has synced: 200 and no claim series (a failing target would look down).
     source.synced.clear()

@@ -65,27 +65,53 @@ def open_registry(source: t.FixedFeeder) -> CollectorRegistry:
     return reg
 
 
-def gpu(node: str, device: str, uuid: str, model: str, kind: str = "gpu") -> dict[str, str]:
-    return {"node": node, "device": device, "uuid": uuid, "model": model, "type": kind}
+def on(node: str, device: str, uuid: str, profile: str = "") -> dict[str, str]:
+    """A device's labels as dcgm-exporter's (the GPU's index, from ``gpu-<index>…``) and its
+    DRA name."""
+    index = device.split("-")[1]
+    return {
+        "Hostname": node,
+        "gpu": index,
+        "UUID": uuid,
+        "GPU_I_PROFILE": profile,
+        "dra_device": device,
+    }
+
+
+def gpu(
+    node: str, device: str, uuid: str, model: str, kind: str = "gpu", profile: str = ""
+) -> dict[str, str]:
+    return {**on(node, device, uuid, profile), "model": model, "type": kind}
+
+
+def claim(
+    ns: str, name: str, node: str, device: str, uuid: str, profile: str = ""
+) -> dict[str, str]:
+    return {"namespace": ns, "claim": name, **on(node, device, uuid, profile)}
+
+
+UUID1 = "GPU-00000001-aaaa"
+UUID2 = "GPU-00000002-aaaa"
 
 
 def test_per_gpu_rows_are_derived_from_the_view() -> None:
     reg = registry(t.FixedFeeder(cluster(), events=EVENTS))
     a0 = gpu("node-a", "gpu-0", UUID0, "NVIDIA H100 80GB HBM3")
-    assert reg.get_sample_value("gpuslice_gpu_cores_allocated_percent", a0) == 80
+    assert reg.get_sample_value("gpuslice_gpu_cores_allocated_ratio", a0) == 0.8
     assert reg.get_sample_value("gpuslice_gpu_memory_allocated_bytes", a0) == 60 * GIB
     assert reg.get_sample_value("gpuslice_gpu_memory_total_bytes", a0) == H100
     assert reg.get_sample_value("gpuslice_gpu_allocations", a0) == 2
     assert reg.get_sample_value("gpuslice_gpu_cordoned", a0) == 0
-    a1 = gpu("node-a", "gpu-1", "GPU-00000001-aaaa", "NVIDIA H100 80GB HBM3")
-    assert reg.get_sample_value("gpuslice_gpu_cores_allocated_percent", a1) == 0
+    a1 = gpu("node-a", "gpu-1", UUID1, "NVIDIA H100 80GB HBM3")
+    assert reg.get_sample_value("gpuslice_gpu_cores_allocated_ratio", a1) == 0
     b0 = gpu("node-b", "gpu-0", UUID0, "NVIDIA L4")
-    assert reg.get_sample_value("gpuslice_gpu_cores_allocated_percent", b0) == 100
+    assert reg.get_sample_value("gpuslice_gpu_cores_allocated_ratio", b0) == 1
     assert reg.get_sample_value("gpuslice_gpu_memory_allocated_bytes", b0) == 22528 * 1024**2
     assert reg.get_sample_value("gpuslice_gpu_cordoned", b0) == 1
     assert reg.get_sample_value("gpuslice_gpu_tainted", b0) == 0  # a cordon is not "tainted"
-    mig = gpu("node-a", "gpu-2-mig-1g-10gb-0", "MIG-2-0", "NVIDIA H100 80GB HBM3", "mig")
-    assert reg.get_sample_value("gpuslice_gpu_cores_allocated_percent", mig) is None
+    # a MIG device: its parent GPU's index and UUID, and its profile, as dcgm-exporter's
+    mig = gpu("node-a", "gpu-2-mig-1g-10gb-0", UUID2, "NVIDIA H100 80GB HBM3", "mig", "1g.10gb")
+    assert reg.get_sample_value("gpuslice_gpu_cores_allocated_ratio", mig) is None
     assert reg.get_sample_value("gpuslice_gpu_memory_allocated_bytes", mig) == 9856 * 1024**2
 
 
@@ -102,29 +128,34 @@ def test_per_claim_rows_sum_a_claims_shares_on_one_device() -> None:
     view.apply("ResourceClaim", "ADDED", two)
     reg = registry(t.FixedFeeder(view, events=EVENTS))
 
-    def claim(ns: str, name: str, node: str, device: str) -> dict[str, str]:
-        return {"namespace": ns, "claim": name, "node": node, "device": device}
-
     assert (
-        reg.get_sample_value("gpuslice_claim_cores_percent", claim("ml", "a", "node-a", "gpu-0"))
-        == 30
+        reg.get_sample_value(
+            "gpuslice_claim_cores_ratio", claim("ml", "a", "node-a", "gpu-0", UUID0)
+        )
+        == 0.3
     )
     assert (
-        reg.get_sample_value("gpuslice_claim_memory_bytes", claim("ml", "a", "node-a", "gpu-0"))
+        reg.get_sample_value(
+            "gpuslice_claim_memory_bytes", claim("ml", "a", "node-a", "gpu-0", UUID0)
+        )
         == 20 * GIB
     )
     assert (
-        reg.get_sample_value("gpuslice_claim_cores_percent", claim("ml", "two", "node-a", "gpu-1"))
-        == 15
+        reg.get_sample_value(
+            "gpuslice_claim_cores_ratio", claim("ml", "two", "node-a", "gpu-1", UUID1)
+        )
+        == 0.15
     )
     assert (
-        reg.get_sample_value("gpuslice_claim_memory_bytes", claim("ml", "two", "node-a", "gpu-1"))
+        reg.get_sample_value(
+            "gpuslice_claim_memory_bytes", claim("ml", "two", "node-a", "gpu-1", UUID1)
+        )
         == 3 * GIB
     )
-    whole = claim("web", "whole", "node-b", "gpu-0")
-    assert reg.get_sample_value("gpuslice_claim_cores_percent", whole) == 100
-    mig = claim("ml", "m", "node-a", "gpu-2-mig-1g-10gb-0")
-    assert reg.get_sample_value("gpuslice_claim_cores_percent", mig) is None
+    whole = claim("web", "whole", "node-b", "gpu-0", UUID0)
+    assert reg.get_sample_value("gpuslice_claim_cores_ratio", whole) == 1
+    mig = claim("ml", "m", "node-a", "gpu-2-mig-1g-10gb-0", UUID2, "1g.10gb")
+    assert reg.get_sample_value("gpuslice_claim_cores_ratio", mig) is None
     assert reg.get_sample_value("gpuslice_claim_memory_bytes", mig) == 9856 * 1024**2
     text = generate_latest(reg).decode()
     assert 'claim="pending"' not in text
@@ -134,20 +165,22 @@ def test_a_deleted_claim_or_gpu_leaves_the_next_scrape() -> None:
     view = cluster()
     source = t.FixedFeeder(view, events=EVENTS)
     reg = registry(source)
-    a = {"namespace": "ml", "claim": "a", "node": "node-a", "device": "gpu-0"}
+    a = claim("ml", "a", "node-a", "gpu-0", UUID0)
     assert reg.get_sample_value("gpuslice_claim_memory_bytes", a) == 20 * GIB
     view.apply("ResourceClaim", "DELETED", t.claim("ml", "a"))
     view.apply("ResourceSlice", "DELETED", t.resource_slice("node-b", []))
     assert reg.get_sample_value("gpuslice_claim_memory_bytes", a) is None
     a0 = gpu("node-a", "gpu-0", UUID0, "NVIDIA H100 80GB HBM3")
-    assert reg.get_sample_value("gpuslice_gpu_cores_allocated_percent", a0) == 50
+    assert reg.get_sample_value("gpuslice_gpu_cores_allocated_ratio", a0) == 0.5
     gpu_lines = [
         line for line in generate_latest(reg).decode().splitlines() if "gpuslice_gpu_" in line
     ]
     assert not [line for line in gpu_lines if "node-b" in line]
-    # A claim still allocated on a device that is no longer published keeps its row.
-    whole = {"namespace": "web", "claim": "whole", "node": "node-b", "device": "gpu-0"}
-    assert reg.get_sample_value("gpuslice_claim_cores_percent", whole) is None
+    # A claim still allocated on a device that is no longer published keeps its row, named by
+    # its allocation only (no index or UUID to tell).
+    whole = {"namespace": "web", "claim": "whole", "Hostname": "node-b", "gpu": "", "UUID": ""}
+    whole |= {"GPU_I_PROFILE": "", "dra_device": "gpu-0"}
+    assert reg.get_sample_value("gpuslice_claim_cores_ratio", whole) is None
     assert reg.get_sample_value("gpuslice_claim_memory_bytes", whole) == 0
 
 
@@ -185,16 +218,27 @@ def test_the_open_port_names_no_claim_and_no_namespace() -> None:
         for sample in family.samples
         for name in sample.labels
     }
-    assert labels == {"node", "device", "uuid", "model", "type", "state", "kind"}
+    assert labels == {
+        "Hostname",
+        "gpu",
+        "UUID",
+        "GPU_I_PROFILE",
+        "dra_device",
+        "model",
+        "type",
+        "state",
+        "kind",
+    }
     assert "gpuslice_claim_" not in open_text and '"ml"' not in open_text
     claims = CollectorRegistry()
     claims.register(ClaimCollector(source))
     claim_families = {family.name for family in claims.collect()}
     assert claim_families == {
-        "gpuslice_claim_cores_percent",
+        "gpuslice_claim_cores_ratio",
         "gpuslice_claim_memory_bytes",
         "gpuslice_claim_memory_used_bytes",
-        "gpuslice_claim_sm_used_percent",
+        "gpuslice_claim_sm_used_ratio",
+        "gpuslice_claim_pending",
     }
     unsynced = t.FixedFeeder(cluster(), synced=False)
     claims = CollectorRegistry()
@@ -212,14 +256,39 @@ def test_live_usage_rows_only_while_the_enforcers_figures_are_current() -> None:
     reg = registry(t.FixedFeeder(view, events=EVENTS))
     a0 = gpu("node-a", "gpu-0", UUID0, "NVIDIA H100 80GB HBM3")
     assert reg.get_sample_value("gpuslice_gpu_memory_used_bytes", a0) == 3 * GIB
-    assert reg.get_sample_value("gpuslice_gpu_sm_used_percent", a0) == 25
-    a = {"namespace": "ml", "claim": "a", "node": "node-a", "device": "gpu-0"}
+    assert reg.get_sample_value("gpuslice_gpu_sm_used_ratio", a0) == 0.25
+    a = claim("ml", "a", "node-a", "gpu-0", UUID0)
     assert reg.get_sample_value("gpuslice_claim_memory_used_bytes", a) == 3 * GIB
-    assert reg.get_sample_value("gpuslice_claim_sm_used_percent", a) == 25
-    b = {"namespace": "ml", "claim": "b", "node": "node-a", "device": "gpu-0"}
+    assert reg.get_sample_value("gpuslice_claim_sm_used_ratio", a) == 0.25
+    b = claim("ml", "b", "node-a", "gpu-0", UUID0)
     assert reg.get_sample_value("gpuslice_claim_memory_used_bytes", b) is None  # not measured
     b0 = gpu("node-b", "gpu-0", UUID0, "NVIDIA L4")
     assert reg.get_sample_value("gpuslice_gpu_memory_used_bytes", b0) is None  # unreachable
     up = "gpuslice_view_usage_up"
-    assert reg.get_sample_value(up, {"node": "node-a", "state": "ok"}) == 1
-    assert reg.get_sample_value(up, {"node": "node-b", "state": "unreachable"}) == 0
+    assert reg.get_sample_value(up, {"Hostname": "node-a", "state": "ok"}) == 1
+    assert reg.get_sample_value(up, {"Hostname": "node-b", "state": "unreachable"}) == 0
+
+
+def test_a_pod_waiting_for_an_unallocated_claim_of_ours_is_pending() -> None:
+    view = cluster()
+    view.apply("ResourceClaim", "ADDED", t.claim("ml", "other", device_class="other.example.com"))
+    for pod in (
+        t.pod("ml", "waits", claim="pending"),  # unscheduled, our claim has no allocation
+        t.pod("ml", "runs", claim="a"),  # its claim is allocated
+        t.pod("ml", "elsewhere", claim="other"),  # a claim of another driver's class
+        t.pod("ml", "early", template="tpl"),  # its claim is not created yet
+    ):
+        view.apply("Pod", "ADDED", pod)
+    bound = t.pod("ml", "bound", claim="pending")
+    bound["spec"]["nodeName"] = "node-a"
+    view.apply("Pod", "ADDED", bound)
+    reg = registry(t.FixedFeeder(view, events=EVENTS))
+    text = generate_latest(reg).decode()
+    pending = [line for line in text.splitlines() if line.startswith("gpuslice_claim_pending{")]
+    assert pending == ['gpuslice_claim_pending{claim="pending",namespace="ml",pod="waits"} 1.0']
+    assert (
+        "gpuslice_claim_pending" not in generate_latest(open_registry(t.FixedFeeder(view))).decode()
+    )
+    allocated = t.claim("ml", "pending", results=[t.result("node-a", "gpu-1")], pods=("waits",))
+    view.apply("ResourceClaim", "MODIFIED", allocated)
+    assert "gpuslice_claim_pending{" not in generate_latest(reg).decode()

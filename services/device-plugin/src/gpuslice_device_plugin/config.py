@@ -37,7 +37,7 @@ MPS_MAX_CLIENTS = 48
 UNSUPPORTED: dict[tuple[str, ...], str] = {
     ("resources",): "resource renaming is not supported (NVIDIA's plugin disables it too)",
     ("imex",): "IMEX channels are not supported",
-    ("flags", "nvidiaDriverRoot"): "the driver root is not configurable yet",
+    ("flags", "nvidiaDriverRoot"): "use --driver-root (GPUSLICE_DRIVER_ROOT) instead",
     ("flags", "nvidiaDevRoot"): "the device root is not configurable yet",
     ("flags", "mpsRoot"): (
         "the enforcer sidecar owns the MPS root (its --mps-root); sharing.mps needs no root here"
@@ -248,6 +248,7 @@ class CommandLine:
     device_id_strategy: str | None
     device_list_strategy: str | None
     device_plugins_dir: str
+    driver_root: Path
     enforcer_socket: str | None
     fail_on_init_error: bool | None
     fake_nvml_config: str | None

@@ -41,6 +41,11 @@ class Device:
     gpu_instance_id: int | None = None
     #: Set for time-slicing replicas.
     replica: int | None = None
+    #: The GPU's UUID: ``uuid`` for a whole GPU, the parent's for a MIG device (how
+    #: dcgm-exporter labels a MIG device's series).
+    gpu_uuid: str = ""
+    #: Set for MIG devices: the GPU instance's profile, e.g. ``1g.10gb``.
+    profile: str = ""
 
     @property
     def visible(self) -> str:
@@ -84,6 +89,7 @@ def _gpu_device(gpu: GpuInfo, settings: Settings) -> Device:
         gpu_index=gpu.index,
         minor=gpu.minor,
         numa_node=gpu.numa_node,
+        gpu_uuid=gpu.uuid,
     )
 
 
@@ -97,6 +103,9 @@ def _mig_device(gpu: GpuInfo, mig: MigDevice, position: int, settings: Settings)
         minor=gpu.minor,
         numa_node=gpu.numa_node,
         gpu_instance_id=mig.gpu_instance_id,
+        gpu_uuid=gpu.uuid,
+        # "1c.3g.40gb" is a compute instance of a 3g.40gb GPU instance
+        profile=mig.profile.split(".", 1)[1] if "c." in mig.profile else mig.profile,
     )
 
 
@@ -165,6 +174,8 @@ def _share(resource: Resource, settings: Settings) -> Resource:
             numa_node=d.numa_node,
             gpu_instance_id=d.gpu_instance_id,
             replica=n,
+            gpu_uuid=d.gpu_uuid,
+            profile=d.profile,
         )
         for d in resource.devices
         for n in range(wanted.replicas)

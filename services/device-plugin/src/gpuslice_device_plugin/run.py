@@ -36,7 +36,7 @@ log = get_logger(__name__)
 
 
 def _init(args: CommandLine, settings: Settings) -> tuple[Nvml, list[Resource]]:
-    nvml = open_nvml(args.nvml, args.fake_nvml_config)
+    nvml = open_nvml(args.nvml, args.fake_nvml_config, args.driver_root)
     try:
         resources = discover(nvml, settings)
     except BaseException:
@@ -96,9 +96,7 @@ def _container_metrics(
         return None
     client = PodResourcesClient(Path(args.pod_resources_socket), {r.name for r in resources})
     sources = Sources(client.list, nvml, pods=node.pods if node is not None else None)
-    name = node.name if node is not None else (args.node_name or "")
     collector = ContainerCollector(
-        name,
         sources,
         _device_table(nvml, resources, shares),
         on_error=lambda source: metrics.container_errors.labels(source=source).inc(),

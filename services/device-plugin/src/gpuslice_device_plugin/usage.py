@@ -17,6 +17,12 @@ Every scrape (nothing is kept between scrapes but the plugin's own device table)
 4. Limits: an MPS replica's share (cores, memory) as the enforcer granted it, enforced; a MIG
    device's memory and 100 % of its SMs, enforced by the hardware; a whole GPU or a time-slicing
    replica the GPU's memory and 100 %, not enforced (``..._limit_enforced`` 0).
+
+Labels (docs/metrics.md): the workload as ``namespace``, ``pod``, ``container`` (the kubelet's
+and kube-state-metrics' names; the PodMonitor honours them), the device as dcgm-exporter labels
+it (``gpu``, ``UUID``, and for MIG ``GPU_I_PROFILE``, ``GPU_I_ID``) and the ``resource``. The
+node is not written here: the monitor adds it as ``Hostname`` from the pod's node. SM figures are
+ratios, 0..1 of the GPU's SMs.
 """
 
 from __future__ import annotations
@@ -44,7 +50,12 @@ log = get_logger(__name__)
 
 #: Per-process SM samples newer than this are read at a scrape (5 s).
 SM_WINDOW_US = 5_000_000
-LABELS = ["namespace", "pod", "container", "node", "device_index", "device_uuid", "resource"]
+#: A device as dcgm-exporter labels it: the GPU's index and UUID (a MIG device's parent GPU's),
+#: and a MIG device's GPU instance profile and id (empty, so absent, on a whole GPU).
+DEVICE_LABELS = ["gpu", "UUID", "GPU_I_PROFILE", "GPU_I_ID"]
+#: The workload as kube-state-metrics and the kubelet name it, the device, the resource.
+LABELS = ["namespace", "pod", "container", *DEVICE_LABELS, "resource"]
+DeviceLabels = tuple[str, str, str, str]
 PROC = Path("/proc")
 
 
@@ -59,6 +70,15 @@ class DeviceLimits:
     sm_percent: int
     enforced: bool
     mig: bool
+    gpu_uuid: str = ""
+    profile: str = ""
+    gpu_instance_id: int | None = None
+
+    @property
+    def labels(self) -> DeviceLabels:
+        """``DEVICE_LABELS``"""
+        gi = "" if self.gpu_instance_id is None else str(self.gpu_instance_id)
+        return (str(self.gpu_index), self.gpu_uuid or self.uuid, self.profile, gi)
 
 
 @dataclass(frozen=True)
@@ -112,7 +132,18 @@ def _limits(
         memory, sm, enforced = mig_memory.get(d.uuid, 0), 100, True
     else:
         memory, sm, enforced = gpu_memory.get(d.gpu_index, 0), 100, False
-    return DeviceLimits(d.uuid, d.index, d.gpu_index, memory, sm, enforced, mig)
+    return DeviceLimits(
+        d.uuid,
+        d.index,
+        d.gpu_index,
+        memory,
+        sm,
+        enforced,
+        mig,
+        d.gpu_uuid,
+        d.profile,
+        d.gpu_instance_id,
+    )
 
 
 def usages(
@@ -217,7 +248,7 @@ class Sources:
 class Scrape:
     usages: list[Usage]
     #: (device index, device uuid) → processes that could not be attributed.
-    unattributed: dict[tuple[str, str], int]
+    unattributed: dict[DeviceLabels, int]
     errors: list[str]
 
 
@@ -248,7 +279,7 @@ def scrape(sources: Sources, table: dict[tuple[str, str], DeviceLimits]) -> Scra
             pod_cache.append(pod_ids(listed))
         return pod_cache[0]
 
-    unattributed: dict[tuple[str, str], int] = defaultdict(int)
+    unattributed: dict[DeviceLabels, int] = defaultdict(int)
     gpus = sorted({d.gpu_index for d in limits_by_uuid.values()})
     now_us = int(sources.wall_clock() * 1_000_000)
     for gpu in gpus:
@@ -265,7 +296,7 @@ def scrape(sources: Sources, table: dict[tuple[str, str], DeviceLimits]) -> Scra
             if owner is None:
                 if p.device_uuid in limits_by_uuid:
                     d = limits_by_uuid[p.device_uuid]
-                    unattributed[(d.index, d.uuid)] += 1
+                    unattributed[d.labels] += 1
                 continue
             owner.pids.append(p.pid)
             owner.memory_used += p.used_memory_bytes or 0
@@ -293,12 +324,10 @@ class ContainerCollector(Collector):
 
     def __init__(
         self,
-        node: str,
         sources: Sources,
         table: dict[tuple[str, str], DeviceLimits],
         on_error: Callable[[str], None] | None = None,
     ) -> None:
-        self.node = node
         self.sources = sources
         self.table = table
         self.on_error = on_error
@@ -320,13 +349,14 @@ class ContainerCollector(Collector):
                 "Device memory the container may use there (the device's, or its MPS share's).",
             ),
             gauge(
-                metric_name(Subsystem.CONTAINER, "gpu_sm_percent"),
-                "SM utilization of the container's processes, percent of the GPU (not in MIG"
+                metric_name(Subsystem.CONTAINER, "gpu_sm_ratio"),
+                "SM utilization of the container's processes, 0..1 of the GPU's SMs (not in MIG"
                 " mode).",
             ),
             gauge(
-                metric_name(Subsystem.CONTAINER, "gpu_sm_limit_percent"),
-                "SM percent the container may use (100, or its MPS share's cores).",
+                metric_name(Subsystem.CONTAINER, "gpu_sm_limit_ratio"),
+                "The share of the GPU's SMs the container may use, 0..1 (1, or its MPS share's"
+                " cores).",
             ),
             gauge(
                 metric_name(Subsystem.CONTAINER, "gpu_limit_enforced"),
@@ -341,7 +371,7 @@ class ContainerCollector(Collector):
                 metric_name(Subsystem.DEVICE_PLUGIN, "unattributed_processes"),
                 "Processes on a device held by containers that could not be attributed to one"
                 " of them (several holders and no cgroup match).",
-                ["node", "device_index", "device_uuid"],
+                DEVICE_LABELS,
             ),
         ]
 
@@ -352,22 +382,14 @@ class ContainerCollector(Collector):
                 self.on_error(source)
         used, limit, sm, sm_limit, enforced, procs, lost = self._families()
         for u in sorted(result.usages, key=lambda u: u.key):
-            labels = [
-                u.namespace,
-                u.pod,
-                u.container,
-                self.node,
-                u.device.index,
-                u.device.uuid,
-                u.resource,
-            ]
+            labels = [u.namespace, u.pod, u.container, *u.device.labels, u.resource]
             used.add_metric(labels, u.memory_used)
             limit.add_metric(labels, u.memory_limit)
             if not u.device.mig:
-                sm.add_metric(labels, u.sm_used)
-            sm_limit.add_metric(labels, u.sm_limit)
+                sm.add_metric(labels, u.sm_used / 100)
+            sm_limit.add_metric(labels, u.sm_limit / 100)
             enforced.add_metric(labels, 1 if u.device.enforced else 0)
             procs.add_metric(labels, len(u.pids))
-        for (index, uuid), count in sorted(result.unattributed.items()):
-            lost.add_metric([self.node, index, uuid], count)
+        for device, count in sorted(result.unattributed.items()):
+            lost.add_metric(list(device), count)
         yield from (used, limit, sm, sm_limit, enforced, procs, lost)

@@ -114,7 +114,7 @@ class EnforcerApp:
         return self._health_server.port if self._health_server else None
 
     def _mps_restarted(self, daemon: DaemonRecord) -> None:
-        self.metrics.mps_restarts.labels(device=daemon.gpu_uuid).inc()
+        self.metrics.mps_restarts.labels(gpu=str(daemon.gpu_index), UUID=daemon.gpu_uuid).inc()
 
     def start(self) -> None:
         if self.settings.health_addr:  # first: the start-up probe answers 503, not refused
@@ -161,7 +161,7 @@ def run(settings: Settings) -> int:
     configure_logs(settings.log_level, settings.node_name, settings.log_format)
     signals = StopSignals()  # before anything serves (gpuslice_core.grpcserver)
     try:
-        nvml = open_nvml(settings.nvml, settings.fake_nvml_config)
+        nvml = open_nvml(settings.nvml, settings.fake_nvml_config, settings.driver_root)
         app = EnforcerApp(settings, nvml)
         app.start()
     except GpusliceError as exc:

@@ -45,6 +45,7 @@ class Settings:
     log_format: str = "json"
     nvml: str = "real"
     fake_nvml_config: str | None = None
+    driver_root: Path = Path("/")  # where libnvidia-ml.so.1 is (--nvml=real)
 
     def __post_init__(self) -> None:
         if self.enforcement.sample_interval_s <= 0:
@@ -235,6 +236,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         log_format=args.log_format,
         nvml=args.nvml,
         fake_nvml_config=args.fake_nvml_config,
+        driver_root=args.driver_root,
     )
 
 

@@ -216,7 +216,7 @@ class EnforcerServicer(pb_grpc.EnforcerServicer):
             share = self.shares.release(request.claim_uid)
         if share is None:
             return pb.ReleaseShareResponse(released=False)
-        self.metrics.forget_share(share.claim_uid, share.device_uuids)
+        self.metrics.forget_share(share.claim_uid)
         return pb.ReleaseShareResponse(released=True, share_id=share.share_id)
 
     def GetUsage(  # noqa: N802

@@ -284,7 +284,7 @@ class Watchdog:
                 processes = [p for p in processes if p.pid not in clients] + mps
             samples = self.nvml.process_utilization(gpu, self._last_ts.get(gpu, 0))
         except NvmlError as exc:
-            self.metrics.sample_errors.labels(device=str(gpu)).inc()
+            self.metrics.sample_errors.labels(gpu=str(gpu)).inc()
             if now - self._error_logged.get(gpu, -REPORT_EVERY_S) >= REPORT_EVERY_S:
                 self._error_logged[gpu] = now  # a persistent error is logged every 10 s
                 log.warning("watchdog sample failed; nothing enforced", gpu=gpu, error=str(exc))
@@ -419,10 +419,12 @@ class Watchdog:
         if share.memory_mechanism is Mechanism.NONE and share.cores_mechanism is Mechanism.NONE:
             return ""
         if self.config.sm_action == "throttle":
-            mine = [i for i in mine if not (i.bypass and self._kill_bypasser(i, usage))]
+            mine = [i for i in mine if not (i.bypass and self._kill_bypasser(i, usage, runtime))]
         bypassing = sorted(item.info.pid for item in mine if item.bypass)
         seen = {(item.info.pid, item.start) for item in mine if item.bypass}
         runtime.new_bypasser = bool(seen - runtime.bypassers)
+        if seen - runtime.bypassers:
+            self.metrics.bypasses.labels(*_labels(share, usage)).inc(len(seen - runtime.bypassers))
         runtime.bypassers = seen
         if bypassing:
             why = (
@@ -452,7 +454,7 @@ class Watchdog:
             )
         return ""
 
-    def _kill_bypasser(self, item: _Owned, usage: DeviceUsage) -> bool:
+    def _kill_bypasser(self, item: _Owned, usage: DeviceUsage, runtime: _Runtime) -> bool:
         """Kill a process of an MPS share that runs beside the MPS server instead of through
         it; True once it is killed (now or in an earlier sample).
 
@@ -470,6 +472,8 @@ class Watchdog:
         self._killed[key] = self._clock()
         usage.kills += 1
         self.metrics.kills.labels(*_labels(share, usage)).inc()
+        if key not in runtime.bypassers:  # else counted when it was first seen
+            self.metrics.bypasses.labels(*_labels(share, usage)).inc()
         self._violation(
             share,
             usage,
@@ -691,8 +695,8 @@ class Watchdog:
         labels = _labels(share, usage)
         self.metrics.memory_used.labels(*labels).set(usage.memory_used)
         self.metrics.memory_limit.labels(*labels).set(usage.memory_limit)
-        self.metrics.sm_used.labels(*labels).set(usage.sm_percent)
-        self.metrics.sm_limit.labels(*labels).set(usage.sm_limit)
+        self.metrics.sm_used.labels(*labels).set(usage.sm_percent / 100)
+        self.metrics.sm_limit.labels(*labels).set(usage.sm_limit / 100)
 
     # -- queries and share changes --------------------------------------------------------
     def usage(self, share: ShareRecord) -> list[DeviceUsage]:
@@ -734,8 +738,10 @@ class Watchdog:
                 self._apply(runtime, frozen=False)
 
 
-def _labels(share: ShareRecord, usage: DeviceUsage) -> tuple[str, str]:
-    return (share.claim_uid, usage.device_uuid)
+def _labels(share: ShareRecord, usage: DeviceUsage) -> tuple[str, str, str]:
+    """``claim_uid``, ``gpu`` (the index, as dcgm-exporter writes it), ``UUID``."""
+    index = dict(zip(share.device_uuids, share.gpu_indices, strict=False)).get(usage.device_uuid)
+    return (share.claim_uid, "" if index is None else str(index), usage.device_uuid)
 
 
 def match_share(groups: cg.ProcessCgroups, shares: list[ShareRecord]) -> ShareRecord | None:

@@ -48,7 +48,7 @@ from gpuslice_kubelet_plugin.nodemode import NodeRefusedError, check_node_mode
 from gpuslice_kubelet_plugin.server import kubelet_server
 from gpuslice_kubelet_plugin.servicer import DraServicer
 from gpuslice_kubelet_plugin.state import DeviceState
-from gpuslice_kubelet_plugin.timeslice import TimeSlicer, nvidia_smi
+from gpuslice_kubelet_plugin.timeslice import TimeSlicer
 from gpuslice_kubelet_plugin.violationevents import ClaimName, ViolationEvents
 from gpuslice_nvml import Nvml, open_nvml
 
@@ -127,7 +127,7 @@ class KubeletPluginApp:
                 unprepared=claims.unprepared,
                 cdi=CdiWriter(
                     ClaimSpecs(s.cdi_root),
-                    driver=DriverRoot(s.driver_root, host=s.driver_root_host),
+                    driver=DriverRoot(s.driver_root, proc=s.proc_root, host=s.driver_root_host),
                     nvidia_cdi_kind=s.nvidia_cdi_kind,
                 ),
                 enforcer=self.enforcer,
@@ -266,11 +266,7 @@ def run(settings: Settings) -> int:
     gslog.configure(component=PROG, level=settings.log_level, log_format=settings.log_format)
     signals = StopSignals()  # before anything serves (gpuslice_core.grpcserver)
     try:
-        nvml = open_nvml(
-            settings.nvml,
-            settings.fake_nvml_config,
-            nvidia_smi=nvidia_smi(DriverRoot(settings.driver_root)),
-        )
+        nvml = open_nvml(settings.nvml, settings.fake_nvml_config, settings.driver_root)
     except GpusliceError as exc:
         log.error("cannot open NVML", error=str(exc))
         return 2

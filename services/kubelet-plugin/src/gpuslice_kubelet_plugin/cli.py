@@ -55,6 +55,7 @@ class Settings:
     rescan_interval: float = 60.0
     driver_root: Path = Path("/")
     driver_root_host: Path | None = None  # where the host has --driver-root (default: the same)
+    proc_root: Path = Path("/proc")  # the kernel's NVIDIA procfs (MIG capabilities, devices)
     nvidia_cdi_kind: str = ""
     shutdown_grace: float = 10.0
     workers: int = 16
@@ -217,16 +218,6 @@ def build_parser() -> EnvArgumentParser:
         help="Seconds between device rescans (MIG layout changes, enforcer capabilities).",
     )
     f(
-        "--driver-root",
-        aliases=["NVIDIA_DRIVER_ROOT"],
-        type=Path,
-        default=Path("/"),
-        help=(
-            "Root of the NVIDIA driver installation as this process sees it; device nodes are"
-            " taken from <root>/dev and the driver's libraries from under it."
-        ),
-    )
-    f(
         "--driver-root-host",
         deprecated=["NVIDIA_DRIVER_ROOT_HOST"],
         type=Path,
@@ -235,6 +226,16 @@ def build_parser() -> EnvArgumentParser:
             "The same directory as the host sees it, when this process has it mounted elsewhere"
             " (the chart mounts the host's driver root at /driver-root): CDI specs name host"
             " paths. Default: --driver-root."
+        ),
+    )
+    f(
+        "--proc-root",
+        type=Path,
+        default=Path("/proc"),
+        help=(
+            "Where the kernel's procfs is read for the driver's MIG capability list"
+            " (driver/nvidia/capabilities) and the nvidia-caps major (devices). Tests point it"
+            " at the proc/ of a driver root of files; a GPU node keeps /proc."
         ),
     )
     f(
@@ -282,6 +283,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         rescan_interval=args.rescan_interval,
         driver_root=args.driver_root,
         driver_root_host=args.driver_root_host,
+        proc_root=args.proc_root,
         nvidia_cdi_kind=args.nvidia_cdi_kind,
         shutdown_grace=args.shutdown_grace,
         log_level=args.log_level,

@@ -24,13 +24,12 @@ import threading
 from collections.abc import Callable, Iterable
 
 from gpuslice_api.nvconfig import TIME_SLICE
-from gpuslice_core.driverroot import DriverRoot
 from gpuslice_core.logging import get_logger
 from gpuslice_kubelet_plugin.checkpoint import ClaimRecord, PluginState
 from gpuslice_kubelet_plugin.claims import ClaimError
 from gpuslice_kubelet_plugin.plan import Plan
 from gpuslice_nvml import Nvml
-from gpuslice_nvml.types import TIME_SLICES, NvidiaSmi
+from gpuslice_nvml.types import TIME_SLICES
 
 log = get_logger(__name__)
 
@@ -70,19 +69,6 @@ def check_time_slices(plan: Plan, state: PluginState) -> None:
                     f"{interval!r}, which ResourceClaim {other.ref} set on it; a GPU has one "
                     f"time slice: ask for {interval!r} (or no interval), or for another GPU",
                 )
-
-
-def nvidia_smi(root: DriverRoot) -> NvidiaSmi:
-    """The driver root's ``nvidia-smi`` with its ``libnvidia-ml`` on ``LD_LIBRARY_PATH`` (the
-    chart mounts the host's driver root at /driver-root, as NVIDIA's driver does); the one on
-    ``PATH`` where the root has none (a driver the container runtime put in the image, the
-    sandbox's stand-in)."""
-    binary = root.binary("nvidia-smi")
-    if binary is None:
-        return NvidiaSmi()
-    libraries = root.library_dir("libnvidia-ml.so")
-    env = (("LD_LIBRARY_PATH", str(libraries)),) if libraries is not None else ()
-    return NvidiaSmi(str(binary), env)
 
 
 class TimeSlicer:

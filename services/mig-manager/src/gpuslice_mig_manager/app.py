@@ -174,7 +174,7 @@ def run(settings: Settings) -> int:
     )
     try:
         source = layout_source(settings)
-        nvml = open_nvml(settings.nvml, settings.fake_nvml_config)
+        nvml = open_nvml(settings.nvml, settings.fake_nvml_config, settings.driver_root)
     except (GpusliceError, ValueError) as exc:
         return _fail(str(exc))
     with nvml:

@@ -39,6 +39,7 @@ class Settings:
     retry_max: float = 60.0
     log_level: str = "info"
     log_format: str = "json"
+    driver_root: Path = Path("/")  # where libnvidia-ml.so.1 is (--nvml=real)
 
     def __post_init__(self) -> None:
         if self.config_file and self.config_map:
@@ -51,6 +52,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     return Settings(
         nvml=args.nvml,
         fake_nvml_config=args.fake_nvml_config,
+        driver_root=args.driver_root,
         state_dir=Path(args.state_dir),
         socket=Path(args.socket),
         node_name=args.node_name or None,

@@ -105,7 +105,9 @@ class MigManager:
             state = self.state()
             snaps = [self.snapshot(g.index, state) for g in self.gpu_infos()]
         for snap in snaps:
-            self.metrics.set_instances(snap.index, (i.profile_name for i in snap.instances))
+            self.metrics.set_instances(
+                snap.index, snap.info.uuid, (i.profile_name for i in snap.instances)
+            )
         return snaps
 
     # -- on-demand instances ----------------------------------------------------------------

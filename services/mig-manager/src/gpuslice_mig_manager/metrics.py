@@ -1,6 +1,8 @@
 """Prometheus metrics of the MIG manager.
 
-- ``gpuslice_mig_manager_instances{gpu,profile}``: live GPU instances by profile;
+- ``gpuslice_mig_manager_instances{gpu,UUID,GPU_I_PROFILE}``: live GPU instances per GPU (its
+  index and UUID, as dcgm-exporter labels a GPU) and profile (dcgm-exporter's
+  ``GPU_I_PROFILE``, e.g. ``1g.10gb``); the node comes from the monitor (``Hostname``);
 - ``gpuslice_mig_manager_create_instance_total{result}`` and ``..._duration_seconds``;
 - ``gpuslice_mig_manager_destroy_instance_total{result}`` and ``..._duration_seconds``;
 - ``gpuslice_mig_manager_apply_layout_total{result}`` and ``..._duration_seconds`` (result:
@@ -62,23 +64,23 @@ class Metrics:
         )
         self.instances = Gauge(
             metric_name(COMPONENT, "instances"),
-            "Live MIG GPU instances, by GPU index and profile.",
-            ["gpu", "profile"],
+            "Live MIG GPU instances, by GPU (index and UUID) and GPU instance profile.",
+            ["gpu", "UUID", "GPU_I_PROFILE"],
             registry=self.registry,
         )
-        self._instance_series: set[tuple[str, str]] = set()
+        self._instance_series: set[tuple[str, str, str]] = set()
 
     def observe_apply(self, result: str, seconds: float) -> None:
         self.apply_total.labels(result=result).inc()
         self.apply_duration.labels(result=result).observe(seconds)
 
-    def set_instances(self, gpu: int, profiles: Iterable[str]) -> None:
+    def set_instances(self, gpu: int, uuid: str, profiles: Iterable[str]) -> None:
         """Replace GPU ``gpu``'s per-profile instance counts (profiles gone drop to 0)."""
         counts = Counter(profiles)
         label = str(gpu)
-        for series in [s for s in self._instance_series if s[0] == label]:
-            if series[1] not in counts:
-                self.instances.labels(gpu=series[0], profile=series[1]).set(0)
+        for series in [s for s in self._instance_series if s[:2] == (label, uuid)]:
+            if series[2] not in counts:
+                self.instances.labels(*series).set(0)
         for profile, count in counts.items():
-            self.instances.labels(gpu=label, profile=profile).set(count)
-            self._instance_series.add((label, profile))
+            self.instances.labels(label, uuid, profile).set(count)
+            self._instance_series.add((label, uuid, profile))

@@ -1,7 +1,8 @@
 """``RealNvml``: the :class:`~gpuslice_nvml.interface.Nvml` interface on libnvidia-ml (pynvml).
 
 It never falls back to the fake: when NVML cannot start, the constructor raises the mapped
-error (``NvmlLibraryNotFound``, ``NvmlDriverNotLoaded``, ...) with a hint. Facts that cannot
+error (``NvmlLibraryNotFound``, ``NvmlDriverNotLoaded``, ...) with a hint. With a driver root
+it loads that root's ``libnvidia-ml.so.1`` (``gpuslice_nvml.real.library``). Facts that cannot
 change while the driver is loaded (name, UUID, PCI address, memory size) are read once per GPU
 and cached; MIG state, memory use and processes are read on every call.
 """
@@ -9,9 +10,9 @@ and cached; MIG state, memory use and processes are read on every call.
 from __future__ import annotations
 
 import dataclasses
-import os
 import subprocess
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import pynvml
@@ -19,6 +20,7 @@ import pynvml
 from gpuslice_nvml import errors as e
 from gpuslice_nvml.interface import EventWatch, Nvml
 from gpuslice_nvml.real import calls as c
+from gpuslice_nvml.real import library
 from gpuslice_nvml.real import mig as m
 from gpuslice_nvml.real.events import RealEventWatch
 from gpuslice_nvml.real.topology import NvLinkEnd, nvlink_ends, nvlinks_between
@@ -35,7 +37,6 @@ from gpuslice_nvml.types import (
     MemoryLimits,
     MigDevice,
     MigMode,
-    NvidiaSmi,
     Placement,
     ProcessInfo,
     ProcessUtilization,
@@ -48,11 +49,28 @@ from gpuslice_nvml.types import (
 class RealNvml(Nvml):
     backend = "real"
 
-    def __init__(self, nvidia_smi: NvidiaSmi = NvidiaSmi()) -> None:  # noqa: B008 - frozen
-        #: The ``nvidia-smi`` run for what NVML has no call for (reset, time slice).
-        self.nvidia_smi = nvidia_smi
-        c.init()
+    def __init__(self, driver_root: Path | None = None) -> None:
+        """Start NVML on the driver root's library (``driver_root``: the driver's root as
+        this process sees it; None or ``/``: the loader's search path). What NVML has no call
+        for (reset, time slice) runs the driver root's ``nvidia-smi`` on that library."""
+        self._driver_root = driver_root
         try:
+            self.library = library.preload(driver_root)
+        except OSError as exc:
+            raise e.nvml_error(
+                e.ERROR_LIBRARY_NOT_FOUND,
+                "nvmlInit",
+                f"cannot load the driver root's library: {exc}",
+            ) from exc
+        c.init(self.library.not_found_hint())
+        try:
+            if not library.pynvml_uses_it():
+                raise e.nvml_error(
+                    e.ERROR_UNKNOWN,
+                    "nvmlInit",
+                    f"pynvml uses another libnvidia-ml than {self.library.describe()}: this "
+                    "process loaded one before the driver root's",
+                )
             count = c.call("nvmlDeviceGetCount", pynvml.nvmlDeviceGetCount)
             opened = [self._open(i) for i in range(count)]
         except BaseException:
@@ -267,31 +285,36 @@ class RealNvml(Nvml):
         return self.mig_mode(gpu)
 
     def reset_gpu(self, gpu: int) -> MigMode:
-        """NVML has no public reset call; like mig-parted, run ``nvidia-smi -r``."""
+        """NVML has no public reset call; like mig-parted, run ``nvidia-smi -r`` (the driver
+        root's, on the library this process loaded, where the root has one)."""
         bus_id = self._static_info(gpu).pci_bus_id
         self._smi("GPU reset", "--gpu-reset", "-i", bus_id, timeout=120)
         return self.mig_mode(gpu)
 
     def set_compute_time_slice(self, gpu: int, level: int) -> None:
-        """NVML has no call for it; like NVIDIA's DRA driver, run ``nvidia-smi compute-policy``."""
+        """NVML has no call for it; like NVIDIA's DRA driver, run ``nvidia-smi compute-policy``
+        (the same driver root's ``nvidia-smi`` as :meth:`reset_gpu`)."""
         uuid = self._static_info(gpu).uuid
         self._smi("time slice", "compute-policy", "-i", uuid, f"--set-timeslice={level}")
 
     def _smi(self, what: str, *args: str, timeout: float = 30) -> None:
-        """Run ``nvidia-smi args``; failures as NVML errors (IN_USE when it says so)."""
-        smi = self.nvidia_smi
+        """Run ``nvidia-smi args`` (:func:`library.nvidia_smi`: the driver root's, on the
+        library this process loaded); failures as NVML errors (IN_USE when it says so)."""
+        smi, env = library.nvidia_smi(self._driver_root, self.library)
         shown = f"nvidia-smi {' '.join(args)}"
         try:
             subprocess.run(
-                [smi.command, *args],
+                [smi, *args],
                 check=True,
                 capture_output=True,
                 text=True,
                 timeout=timeout,
-                env={**os.environ, **dict(smi.env)} if smi.env else None,
+                env=env,
             )
         except FileNotFoundError as exc:
-            detail = f"{smi.command} not found"
+            raise e.nvml_error(e.ERROR_NOT_SUPPORTED, what, f"{smi} not found") from exc
+        except OSError as exc:  # not executable, not a program for this machine (ENOEXEC)
+            detail = f"cannot run {smi}: {exc}"
             raise e.nvml_error(e.ERROR_NOT_SUPPORTED, what, detail) from exc
         except subprocess.CalledProcessError as exc:
             detail = (exc.stdout + exc.stderr).strip()

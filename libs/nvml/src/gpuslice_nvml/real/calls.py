@@ -53,8 +53,9 @@ ADDRESSING_MODES = {0: "None", 1: "HMM", 2: "ATS"}
 
 _INIT_HINTS = {
     e.ERROR_LIBRARY_NOT_FOUND: (
-        "libnvidia-ml.so.1 could not be loaded: install the NVIDIA driver, or give the container "
-        "the driver's libraries (NVIDIA Container Toolkit / driver root mount); "
+        "install the NVIDIA driver, and point --driver-root (env GPUSLICE_DRIVER_ROOT) at its "
+        "root as this process sees it (the chart mounts it at /driver-root), or give the "
+        "container the driver's libraries through the NVIDIA Container Toolkit; "
         "use --nvml=fake to run without a GPU"
     ),
     e.ERROR_DRIVER_NOT_LOADED: "the NVIDIA kernel module is not loaded on this node",
@@ -86,13 +87,16 @@ def call(what: str, fn: Callable[..., T], *args: Any) -> T:
         raise map_error(exc, what) from exc
 
 
-def init() -> None:
-    """``nvmlInit`` with an error that says what to do about it."""
+def init(not_found: str = "") -> None:
+    """``nvmlInit`` with an error that says what to do about it (``not_found``: which paths
+    were tried, put before the hint when no library could be loaded)."""
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as exc:
         code = error_code(exc)
         hint = _INIT_HINTS.get(code, "")
+        if code == e.ERROR_LIBRARY_NOT_FOUND and not_found:
+            hint = f"{not_found}; {hint}"
         raise e.nvml_error(code, "nvmlInit", hint) from exc
 
 
