@@ -37,7 +37,7 @@ NODE = 'name: bench\ndriverVersion: "570.1"\nstatePath: state.json\ngpus:\n  - m
 TICK = os.sysconf("SC_CLK_TCK")
 ENFORCER_PROBE = (
     "import os, sys; from pathlib import Path; from gpuslice_core.grpcserver import "
-    "check_health; sys.exit(0 if check_health(Path(os.environ['ENFORCER_SOCKET'])) else 1)"
+    "check_health; sys.exit(0 if check_health(Path(os.environ['GPUSLICE_SOCKET'])) else 1)"
 )
 
 
@@ -152,7 +152,7 @@ def main() -> int:
         execs = {
             "enforcer python -c check_health": (
                 [py, "-c", ENFORCER_PROBE],
-                {**env, "ENFORCER_SOCKET": str(socks["enforcer"])},
+                {**env, "GPUSLICE_SOCKET": str(socks["enforcer"])},
             ),
             "gpuslice-mig-manager --probe": (
                 [py, "-m", "gpuslice_mig_manager", "--probe", f"--socket={socks['mig-manager']}"],

@@ -359,7 +359,11 @@ def main(argv: list[str] | None = None) -> int:
     for stop in (signal.SIGTERM, signal.SIGINT):  # also when started in the background
         signal.signal(stop, _interrupted)
     root = Path(tempfile.mkdtemp(prefix="gss-"))  # short: unix socket paths <= 107 bytes
-    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "NODE_NAME")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("KUBECONFIG", "NODE_NAME", "GPUSLICE_NODE_NAME")
+    }
     env["PYTHONUNBUFFERED"] = "1"
     sandbox = ControlPlane(root / "cp") if NEEDS_KUBE & set(chosen) else None
     kubelet = Kubelet(root / "device-plugins")

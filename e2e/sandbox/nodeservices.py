@@ -190,7 +190,11 @@ class NodeServices:
         return self._start("mig-manager", argv, self.mig_manager_socket, timeout)
 
     def _start(self, service: str, argv: list[str], socket: Path, timeout: float) -> Proc:
-        env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "NODE_NAME")}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("KUBECONFIG", "NODE_NAME", "GPUSLICE_NODE_NAME")
+        }
         env["PYTHONUNBUFFERED"] = "1"
         env.update(nvml_env(self.backend, self.nvml_config))
         proc = procs.start(

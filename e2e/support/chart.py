@@ -103,17 +103,23 @@ def set_json(key: str, value: object) -> list[str]:
     return ["--set-json", f"{key}={json.dumps(value)}"]
 
 
-# Variables that are not flags: the pod UID for the socket names, the NVIDIA Container Toolkit.
-NOT_FLAGS = {"POD_UID", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"}
+# Variables that are not flags of every service: the pod UID for the socket names (a flag of the
+# kubelet plugin only), the NVIDIA Container Toolkit's.
+NOT_FLAGS = {"GPUSLICE_POD_UID", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"}
 
 
 def flag_variables(parser: EnvArgumentParser) -> set[str]:
-    found = set()
-    for action in parser._actions:
-        help_text = action.help or ""
-        if help_text.endswith("]") and "[env " in help_text:
-            found.add(help_text.rsplit("[env ", 1)[1].rstrip("]"))
-    return found
+    """The variables the service's flags read (``GPUSLICE_<FLAG>``, ``KUBECONFIG``)."""
+    return set(parser.variables)
+
+
+def every_name(parser: EnvArgumentParser) -> set[str]:
+    """Every variable the service reads, aliases and deprecated names too (a test clears them
+    all, so the machine's own NODE_NAME or LOG_LEVEL never leaks into what it checks)."""
+    names = set(parser.variables)
+    for others in parser.other_names.values():
+        names.update(others)
+    return names
 
 
 def allowed(kube: RawApi, user: str, attributes: Obj) -> bool:

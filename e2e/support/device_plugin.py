@@ -76,7 +76,11 @@ def start_plugin(
         path = root / "device-plugin.yaml"
         path.write_text(config)
         argv.append(f"--config-file={path}")
-    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "NODE_NAME")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("KUBECONFIG", "NODE_NAME", "GPUSLICE_NODE_NAME")
+    }
     env["PYTHONUNBUFFERED"] = "1"
     env.update(nvml_env(backend, nvml_config))
     return procs.start(

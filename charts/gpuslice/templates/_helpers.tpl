@@ -119,9 +119,9 @@ e2e/manifests/mig-configs.yaml, kept equal by e2e/tests/chart/test_chart.py). */
 {{- define "gpuslice.pluginsDir" -}}{{ trimSuffix "/" .Values.hostPaths.kubeletDir }}/plugins{{- end }}
 {{- define "gpuslice.runDir" -}}{{ trimSuffix "/" .Values.hostPaths.runDir }}{{- end }}
 {{- define "gpuslice.stateDir" -}}{{ trimSuffix "/" .Values.hostPaths.stateDir }}{{- end }}
-{{- define "gpuslice.enforcerSocket" -}}{{ include "gpuslice.runDir" . }}/enforcer-$(POD_UID).sock{{- end }}
+{{- define "gpuslice.enforcerSocket" -}}{{ include "gpuslice.runDir" . }}/enforcer-$(GPUSLICE_POD_UID).sock{{- end }}
 {{- define "gpuslice.enforcerHookSocket" -}}{{ include "gpuslice.runDir" . }}/enforcer.sock{{- end }}
-{{- define "gpuslice.migManagerSocket" -}}{{ include "gpuslice.runDir" . }}/mig-manager-$(POD_UID).sock{{- end }}
+{{- define "gpuslice.migManagerSocket" -}}{{ include "gpuslice.runDir" . }}/mig-manager-$(GPUSLICE_POD_UID).sock{{- end }}
 {{- define "gpuslice.fakeNvmlDir" -}}{{ include "gpuslice.stateDir" . }}/fake-nvml{{- end }}
 {{- define "gpuslice.fakeNvmlConfig" -}}{{ include "gpuslice.fakeNvmlDir" . }}/node.yaml{{- end }}
 {{- define "gpuslice.hookPath" -}}{{ trimSuffix "/" .Values.enforcer.hook.hostDir }}/bin/gpuslice-enforcer-hook{{- end }}
@@ -152,17 +152,17 @@ e2e/manifests/mig-configs.yaml, kept equal by e2e/tests/chart/test_chart.py). */
 
 {{/* Environment every service shares: the node, the log level and format, NVML. */}}
 {{- define "gpuslice.commonEnv" -}}
-- name: NODE_NAME
+- name: GPUSLICE_NODE_NAME
   valueFrom:
     fieldRef:
       fieldPath: spec.nodeName
-- name: POD_UID
+- name: GPUSLICE_POD_UID
   valueFrom:
     fieldRef:
       fieldPath: metadata.uid
-- name: LOG_LEVEL
+- name: GPUSLICE_LOG_LEVEL
   value: {{ .Values.logLevel | quote }}
-- name: LOG_FORMAT
+- name: GPUSLICE_LOG_FORMAT
   value: {{ .Values.logFormat | quote }}
 {{ include "gpuslice.nvmlEnv" . }}
 {{- end }}
@@ -173,12 +173,12 @@ is loaded from (--driver-root), so the NVIDIA Container Toolkit is not needed; i
 for nodes where it injects the library instead. With the fake backend the kubelet plugin still
 takes device nodes from the (unmounted) driver root, as before. */}}
 {{- define "gpuslice.nvmlEnv" -}}
-- name: NVML_BACKEND
+- name: GPUSLICE_NVML
   value: {{ .Values.nvml.backend | quote }}
 - name: GPUSLICE_DRIVER_ROOT
   value: {{ ternary .Values.nvml.driverRoot "/driver-root" (eq .Values.nvml.backend "fake") | quote }}
 {{- if eq .Values.nvml.backend "fake" }}
-- name: FAKE_NVML_CONFIG
+- name: GPUSLICE_FAKE_NVML_CONFIG
   value: {{ include "gpuslice.fakeNvmlConfig" . | quote }}
 {{- else }}
 - name: NVIDIA_VISIBLE_DEVICES
@@ -211,7 +211,7 @@ root under it after the pod starts. */}}
 
 
 {{/* Start-up, liveness and readiness probes of one container: httpGet on the service's own
-health server (gpuslice_core.health, --health-addr = HEALTH_ADDR on <service>.probe.port) —
+health server (gpuslice_core.health, --health-addr = GPUSLICE_HEALTH_ADDR on <service>.probe.port) —
 liveness /healthz, readiness and start-up /readyz; no interpreter starts in the container.
 Call with <service>.probe. Start-up allows 2 minutes. */}}
 {{- define "gpuslice.probes" -}}
@@ -238,9 +238,9 @@ readinessProbe:
   failureThreshold: {{ .failureThreshold }}
 {{- end }}
 
-{{/* The HEALTH_ADDR variable of a node service from <service>.probe. */}}
+{{/* The GPUSLICE_HEALTH_ADDR variable of a node service from <service>.probe. */}}
 {{- define "gpuslice.healthEnv" -}}
-- name: HEALTH_ADDR
+- name: GPUSLICE_HEALTH_ADDR
   value: {{ printf ":%d" (int .port) | quote }}
 {{- end }}
 

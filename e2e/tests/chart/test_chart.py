@@ -43,6 +43,7 @@ from e2e.support.chart import (
     containers,
     daemonset,
     env_of,
+    every_name,
     find,
     flag_variables,
     helm,
@@ -88,13 +89,13 @@ HEALTH_PORTS = (
 
 def assert_http_probes(c: Obj, port: int, port_name: str) -> None:
     """Liveness /healthz, readiness and start-up /readyz, httpGet on the container's health
-    port, which HEALTH_ADDR names and the container declares; no exec probe."""
+    port, which GPUSLICE_HEALTH_ADDR names and the container declares; no exec probe."""
     name = c["name"]
     paths = {"startupProbe": "/readyz", "livenessProbe": "/healthz", "readinessProbe": "/readyz"}
     for probe, path in paths.items():
         assert c[probe]["httpGet"] == {"path": path, "port": port}, f"{name} {probe}"
         assert "exec" not in c[probe], f"{name} {probe}"
-    assert env_of(c)["HEALTH_ADDR"] == f":{port}", name
+    assert env_of(c)["GPUSLICE_HEALTH_ADDR"] == f":{port}", name
     assert {"name": port_name, "containerPort": port, "protocol": "TCP"} in c["ports"], name
 
 
@@ -156,9 +157,9 @@ def test_renders_for_each_kubernetes_minor_and_backend(
         assert byname[name]["restartPolicy"] == "Always"
     plugin = byname["kubelet-plugin"]
     env = env_of(plugin)
-    assert env["POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
-    assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
-    assert env["NVML_BACKEND"] == backend
+    assert env["GPUSLICE_POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+    assert env["GPUSLICE_NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env["GPUSLICE_NVML"] == backend
     assert plugin["securityContext"] == {"privileged": True}
     # httpGet on each service's own health server: no probe starts an interpreter
     for name, port, port_name in HEALTH_PORTS:
@@ -243,7 +244,7 @@ def test_every_service_logs_in_the_one_log_format(helm_bin: Path, log_format: st
     objs = render(helm_bin, *(sets(f"logFormat={log_format}") if log_format else []))
     wanted = log_format or "json"  # the default: klog's JSON keys
     services = {
-        f"{component}/{name}": env_of(container).get("LOG_FORMAT")
+        f"{component}/{name}": env_of(container).get("GPUSLICE_LOG_FORMAT")
         for component in ("node", "device-plugin")
         for name, container in containers(objs, component).items()
         if name != "node-setup"  # a one-shot script, not a service
@@ -260,7 +261,7 @@ def test_every_service_logs_in_the_one_log_format(helm_bin: Path, log_format: st
         for c in d["spec"]["template"]["spec"]["containers"]
         if c["name"] == "controller"
     ]
-    assert env_of(controller)["LOG_FORMAT"] == wanted
+    assert env_of(controller)["GPUSLICE_LOG_FORMAT"] == wanted
 
 
 @pytest.mark.parametrize(
@@ -284,9 +285,9 @@ def test_every_service_takes_the_charts_log_format(
     assert allowed_formats == ["json", "text"]
     assert make_parser().parse_args([]).log_format == "json"
     for value in allowed_formats:
-        monkeypatch.setenv("LOG_FORMAT", value)
+        monkeypatch.setenv("GPUSLICE_LOG_FORMAT", value)
         assert make_parser().parse_args([]).log_format == value
-    monkeypatch.delenv("LOG_FORMAT")
+    monkeypatch.delenv("GPUSLICE_LOG_FORMAT")
     with pytest.raises(SystemExit):
         make_parser().parse_args(["--log-format=console"])
     assert "invalid choice: 'console'" in capsys.readouterr().err
@@ -307,8 +308,15 @@ def test_components_and_options_can_be_switched(helm_bin: Path) -> None:
     assert [c["name"] for c in spec["initContainers"]] == ["node-setup"]
     plugin = containers(off)["kubelet-plugin"]
     assert plugin["args"] == ["--metrics-addr="]
-    assert not {"ENFORCER_SOCKET", "MIG_MANAGER_SOCKET", "METRICS_ADDR"} & env_of(plugin).keys()
-    assert env_of(plugin)["DYNAMIC_MIG"] == "false"
+    assert (
+        not {
+            "GPUSLICE_ENFORCER_SOCKET",
+            "GPUSLICE_MIG_MANAGER_SOCKET",
+            "GPUSLICE_METRICS_ADDR",
+        }
+        & env_of(plugin).keys()
+    )
+    assert env_of(plugin)["GPUSLICE_DYNAMIC_MIG"] == "false"
     # without the MIG manager only the Events Role (the kubelet plugin's refusal) is left
     assert [r["metadata"]["name"] for r in find(off, "Role")] == ["gpuslice-node-gpuslice-events"]
     assert not find(off, "Service")
@@ -339,10 +347,10 @@ def test_components_and_options_can_be_switched(helm_bin: Path) -> None:
         ),
     )
     byname = containers(tuned)
-    assert env_of(byname["kubelet-plugin"])["DYNAMIC_MIG"] == "true"
-    assert env_of(byname["mig-manager"])["DYNAMIC_MIG"] == "true"
+    assert env_of(byname["kubelet-plugin"])["GPUSLICE_DYNAMIC_MIG"] == "true"
+    assert env_of(byname["mig-manager"])["GPUSLICE_DYNAMIC_MIG"] == "true"
     assert byname["enforcer"]["args"] == ["--hook-path="]
-    assert "HOOK_INSTALL_DIR" not in env_of(byname["node-setup"])
+    assert "GPUSLICE_HOOK_INSTALL_DIR" not in env_of(byname["node-setup"])
     assert pod_spec(tuned)["runtimeClassName"] == "nvidia"
     # the driver root is mounted at /driver-root and its host path handed over for CDI specs
     mounts = {m["mountPath"]: m for m in byname["kubelet-plugin"]["volumeMounts"]}
@@ -350,17 +358,17 @@ def test_components_and_options_can_be_switched(helm_bin: Path) -> None:
     volumes = {v["name"]: v for v in pod_spec(tuned)["volumes"]}
     assert volumes[mounts["/driver-root"]["name"]]["hostPath"]["path"] == "/run/nvidia/driver"
     env = env_of(byname["kubelet-plugin"])
-    assert (env["GPUSLICE_DRIVER_ROOT"], env["NVIDIA_DRIVER_ROOT_HOST"]) == (
+    assert (env["GPUSLICE_DRIVER_ROOT"], env["GPUSLICE_DRIVER_ROOT_HOST"]) == (
         "/driver-root",
         "/run/nvidia/driver",
     )
     # a driver installed on the host: its "/" too (the libraries' host paths), read-only
     plain = containers(render(helm_bin))["kubelet-plugin"]
     assert {m["mountPath"]: m.get("readOnly") for m in plain["volumeMounts"]}["/driver-root"]
-    assert env_of(plain)["NVIDIA_DRIVER_ROOT_HOST"] == "/"
+    assert env_of(plain)["GPUSLICE_DRIVER_ROOT_HOST"] == "/"
     fake = containers(render(helm_bin, *sets("nvml.backend=fake")))["kubelet-plugin"]
     assert "/driver-root" not in {m["mountPath"] for m in fake["volumeMounts"]}
-    assert "NVIDIA_DRIVER_ROOT_HOST" not in env_of(fake)
+    assert "GPUSLICE_DRIVER_ROOT_HOST" not in env_of(fake)
     monitor = one(tuned, "ServiceMonitor", "gpuslice-node")
     assert [e["port"] for e in monitor["spec"]["endpoints"]] == [
         "plugin",
@@ -378,7 +386,7 @@ def test_components_and_options_can_be_switched(helm_bin: Path) -> None:
     )
     node_yaml = yaml.safe_load(one(named, "ConfigMap", "gpuslice-fake-nvml")["data"]["node.yaml"])
     assert node_yaml == {"name": "lab-node", "gpus": [{"model": "L4"}], "statePath": "state.json"}
-    assert env_of(containers(named)["node-setup"])["FAKE_NVML_SET_NAME"] == "false"
+    assert env_of(containers(named)["node-setup"])["GPUSLICE_FAKE_NVML_SET_NAME"] == "false"
 
 
 CONTROLLER_KINDS = {
@@ -396,8 +404,8 @@ def test_the_controller_is_on_by_default_with_its_own_certificates(helm_bin: Pat
     [container] = deployment["spec"]["template"]["spec"]["containers"]
     assert container["image"].endswith("/gpuslice-controller:0.1.0"), container["image"]
     env = env_of(container)
-    assert env["MANAGE_CERTIFICATES"] == "true"  # no cert-manager needed
-    assert env["CERT_HOSTS"] == f"{name}.gpuslice.svc,{name}.gpuslice.svc.cluster.local"
+    assert env["GPUSLICE_MANAGE_CERTIFICATES"] == "true"  # no cert-manager needed
+    assert env["GPUSLICE_CERT_HOSTS"] == f"{name}.gpuslice.svc,{name}.gpuslice.svc.cluster.local"
     for kind, path in (
         ("ValidatingWebhookConfiguration", "/validate"),
         ("MutatingWebhookConfiguration", "/mutate"),
@@ -479,7 +487,7 @@ def test_controller_rbac_is_exactly_its_calls(helm_bin: Path) -> None:
         CONTROLLER_WEBHOOK_RULES | CONTROLLER_LABEL_RULES
     )
     [container] = one(no_view, "Deployment", name)["spec"]["template"]["spec"]["containers"]
-    assert env_of(container)["CLUSTER_VIEW"] == "false"
+    assert env_of(container)["GPUSLICE_CLUSTER_VIEW"] == "false"
     # the claims' node labels (what each node's claim cache watches) go with their flag, and
     # the kubelet plugin's cache with them
     plain = render(
@@ -490,11 +498,11 @@ def test_controller_rbac_is_exactly_its_calls(helm_bin: Path) -> None:
         CONTROLLER_WEBHOOK_RULES
     )
     [container] = one(plain, "Deployment", name)["spec"]["template"]["spec"]["containers"]
-    assert env_of(container)["CLAIM_NODE_LABELS"] == "false"
-    assert env_of(containers(plain)["kubelet-plugin"])["CLAIM_CACHE"] == "false"
-    assert env_of(containers(render(helm_bin))["kubelet-plugin"])["CLAIM_CACHE"] == "true"
+    assert env_of(container)["GPUSLICE_CLAIM_NODE_LABELS"] == "false"
+    assert env_of(containers(plain)["kubelet-plugin"])["GPUSLICE_CLAIM_CACHE"] == "false"
+    assert env_of(containers(render(helm_bin))["kubelet-plugin"])["GPUSLICE_CLAIM_CACHE"] == "true"
     no_controller = render(helm_bin, *sets("controller.enabled=false"))
-    assert env_of(containers(no_controller)["kubelet-plugin"])["CLAIM_CACHE"] == "false"
+    assert env_of(containers(no_controller)["kubelet-plugin"])["GPUSLICE_CLAIM_CACHE"] == "false"
     # Who may read the view: a ClusterRole to bind, for the virtual resource the controller's
     # SubjectAccessReview asks about.
     view = one(render(helm_bin), "ClusterRole", "gpuslice-view")
@@ -521,10 +529,13 @@ def test_controller_rbac_is_exactly_its_calls(helm_bin: Path) -> None:
     )
     # it keeps (and waits for) only the configurations the chart creates
     env = env_of(one(cert_manager, "Deployment", name)["spec"]["template"]["spec"]["containers"][0])
-    assert (env["VALIDATING_WEBHOOKS"], env["MUTATING_WEBHOOKS"]) == (name, name)
+    assert (env["GPUSLICE_VALIDATING_WEBHOOKS"], env["GPUSLICE_MUTATING_WEBHOOKS"]) == (name, name)
     no_pods = render(helm_bin, *sets("controller.webhook.pods.enabled=false"))
     [container] = one(no_pods, "Deployment", name)["spec"]["template"]["spec"]["containers"]
-    assert (env_of(container)["VALIDATING_WEBHOOKS"], env_of(container)["MUTATING_WEBHOOKS"]) == (
+    assert (
+        env_of(container)["GPUSLICE_VALIDATING_WEBHOOKS"],
+        env_of(container)["GPUSLICE_MUTATING_WEBHOOKS"],
+    ) == (
         name,
         "",
     )
@@ -678,9 +689,9 @@ CLI_PARSERS = {
 # Flags the chart leaves to their defaults on purpose (docs/helm.md says why).
 UNSET = {
     # in-cluster; empty by default; /proc (a driver root of files' proc/ in tests only)
-    "kubelet-plugin": {"KUBECONFIG", "NVIDIA_CDI_KIND", "GPUSLICE_PROC_ROOT"},
-    "enforcer": {"ENFORCER_MPS_CONTROL"},  # empty: nvidia-cuda-mps-control or the fake's
-    "mig-manager": {"KUBECONFIG", "MIG_CONFIG_FILE"},  # in-cluster; layouts from --config-map
+    "kubelet-plugin": {"KUBECONFIG", "GPUSLICE_NVIDIA_CDI_KIND", "GPUSLICE_PROC_ROOT"},
+    "enforcer": {"GPUSLICE_MPS_CONTROL"},  # empty: nvidia-cuda-mps-control or the fake's
+    "mig-manager": {"KUBECONFIG", "GPUSLICE_CONFIG_FILE"},  # in-cluster; layouts from --config-map
 }
 
 
@@ -698,20 +709,20 @@ def test_every_flag_is_set_through_its_variable_and_accepted_by_the_service(
         container = byname[name]
         env = env_of(container)
         known = flag_variables(make_parser())
-        unset = UNSET[name] | ({"FAKE_NVML_CONFIG"} if backend == "real" else set())
+        unset = UNSET[name] | ({"GPUSLICE_FAKE_NVML_CONFIG"} if backend == "real" else set())
         if name == "kubelet-plugin" and backend == "fake":  # no driver root is mounted
-            unset |= {"NVIDIA_DRIVER_ROOT_HOST"}
+            unset |= {"GPUSLICE_DRIVER_ROOT_HOST"}
         assert env.keys() - known <= NOT_FLAGS, f"{name}: not flags of the service"
         assert known - env.keys() == unset, f"{name}: flags the chart does not set"
         # The service parses the chart's environment and arguments without complaint.
         with monkeypatch.context() as m:
-            for var in known | NOT_FLAGS:
+            for var in every_name(make_parser()) | NOT_FLAGS:
                 m.delenv(var, raising=False)
             for var, value in env.items():
                 if isinstance(value, dict):
                     path = value["fieldRef"]["fieldPath"]
                     value = pod_uid if path == "metadata.uid" else "node-a"
-                m.setenv(var, str(value).replace("$(POD_UID)", pod_uid))
+                m.setenv(var, str(value).replace("$(GPUSLICE_POD_UID)", pod_uid))
             try:
                 args = make_parser().parse_args(container.get("args", []))
             except SystemExit:
@@ -810,7 +821,7 @@ def test_device_plugin_daemonset_runs_on_device_plugin_nodes_only(
         setup_env = env_of(byname["node-setup"])
         node_setup_env = env_of(containers(objs)["node-setup"])
         assert {name: node_setup_env[name] for name in setup_env} == setup_env
-        assert setup_env["FAKE_NVML_SET_NAME"] == "true"
+        assert setup_env["GPUSLICE_FAKE_NVML_SET_NAME"] == "true"
         assert volumes["fake-nvml"]["hostPath"] == pod_volumes(node_spec)["fake-nvml"]["hostPath"]
     else:
         assert "initContainers" not in spec
@@ -819,7 +830,7 @@ def test_device_plugin_daemonset_runs_on_device_plugin_nodes_only(
     known = flag_variables(device_plugin_parser())
     assert env.keys() - known <= NOT_FLAGS, "not flags of the device plugin"
     with monkeypatch.context() as m:
-        for var in known | NOT_FLAGS:
+        for var in every_name(device_plugin_parser()) | NOT_FLAGS:
             m.delenv(var, raising=False)
         for var, value in env.items():
             m.setenv(var, str(value))
@@ -846,15 +857,18 @@ def test_device_plugin_daemonset_runs_on_device_plugin_nodes_only(
     quiet = containers(
         render(helm_bin, *sets("devicePlugin.metrics.enabled=false")), "device-plugin"
     )
-    assert env_of(quiet["device-plugin"])["METRICS_ADDR"] == ""
-    assert env_of(quiet["device-plugin"])["POD_RESOURCES_SOCKET"] == ""
+    assert env_of(quiet["device-plugin"])["GPUSLICE_METRICS_ADDR"] == ""
+    assert env_of(quiet["device-plugin"])["GPUSLICE_POD_RESOURCES_SOCKET"] == ""
     # no metrics port; the health port stays (the probes)
     assert [p["name"] for p in quiet["device-plugin"]["ports"]] == ["dp-health"]
     assert "pod-resources" not in {m["name"] for m in quiet["device-plugin"]["volumeMounts"]}
     no_pods = render(helm_bin, *sets("devicePlugin.containerMetrics.enabled=false"))
     assert "hostPID" not in pod_spec(no_pods, "device-plugin")
     assert (
-        env_of(containers(no_pods, "device-plugin")["device-plugin"])["POD_RESOURCES_SOCKET"] == ""
+        env_of(containers(no_pods, "device-plugin")["device-plugin"])[
+            "GPUSLICE_POD_RESOURCES_SOCKET"
+        ]
+        == ""
     )
 
 
@@ -918,10 +932,10 @@ def test_fake_node_config_is_what_the_fake_nvml_accepts(helm_bin: Path, tmp_path
         dst = tmp_path / node / "node.yaml"
         out = run_setup(
             {
-                "NODE_NAME": node,
-                "FAKE_NVML_CONFIG_SRC": str(src),
-                "FAKE_NVML_CONFIG": str(dst),
-                "FAKE_NVML_SET_NAME": setup["FAKE_NVML_SET_NAME"],
+                "GPUSLICE_NODE_NAME": node,
+                "GPUSLICE_FAKE_NVML_CONFIG_SRC": str(src),
+                "GPUSLICE_FAKE_NVML_CONFIG": str(dst),
+                "GPUSLICE_FAKE_NVML_SET_NAME": setup["GPUSLICE_FAKE_NVML_SET_NAME"],
             }
         )
         assert out.returncode == 0, out.stderr
@@ -966,8 +980,8 @@ def test_node_setup_installs_the_static_hook(static_hook: Path, tmp_path: Path) 
     """One file, atomically replaced; nothing of the image's Python reaches the host. A hook that
     runs while it is replaced finishes with the file it started from."""
     install = tmp_path / "host" / "var-lib-gpuslice-hook"
-    env = {"HOOK_BINARY": str(static_hook), "HOOK_INSTALL_DIR": str(install)}
-    env["HOOK_HOST_DIR"] = "/var/lib/gpuslice/hook"
+    env = {"GPUSLICE_HOOK_BINARY": str(static_hook), "GPUSLICE_HOOK_INSTALL_DIR": str(install)}
+    env["GPUSLICE_HOOK_HOST_DIR"] = "/var/lib/gpuslice/hook"
     out = run_setup(env)
     assert out.returncode == 0, out.stderr
     installed = install / "bin" / "gpuslice-enforcer-hook"
@@ -994,7 +1008,7 @@ def test_node_setup_installs_the_static_hook(static_hook: Path, tmp_path: Path) 
     newer = tmp_path / "newer"
     newer.write_bytes(static_hook.read_bytes() + b"\0release two")  # still the same program
     before = installed.stat().st_ino
-    out = run_setup({**env, "HOOK_BINARY": str(newer)})
+    out = run_setup({**env, "GPUSLICE_HOOK_BINARY": str(newer)})
     assert out.returncode == 0, out.stderr
     assert installed.stat().st_ino != before and installed.read_bytes() == newer.read_bytes()
     _, stderr = running.communicate('{"id": "c"}', timeout=30)
@@ -1015,9 +1029,9 @@ def test_node_setup_replaces_the_python_hook_of_an_earlier_chart(
     wrapper = install / "bin" / "gpuslice-enforcer-hook"
     wrapper.write_text("#!/bin/sh\nR='/opt/gpuslice/releases/bbbb2222'\nexec \"$R/python\"\n")
     env = {
-        "HOOK_BINARY": str(static_hook),
-        "HOOK_INSTALL_DIR": str(install),
-        "HOOK_HOST_DIR": "/opt/gpuslice",
+        "GPUSLICE_HOOK_BINARY": str(static_hook),
+        "GPUSLICE_HOOK_INSTALL_DIR": str(install),
+        "GPUSLICE_HOOK_HOST_DIR": "/opt/gpuslice",
     }
     out = run_setup(env)
     assert out.returncode == 0, out.stderr
@@ -1038,8 +1052,8 @@ def test_node_setup_replaces_the_python_hook_of_an_earlier_chart(
 def test_node_setup_refuses_what_is_not_the_static_hook(tmp_path: Path) -> None:
     script = tmp_path / "gpuslice-enforcer-hook"
     script.write_text("#!/usr/bin/env python3\n")
-    env = {"HOOK_BINARY": str(script), "HOOK_INSTALL_DIR": str(tmp_path / "h")}
-    out = run_setup({**env, "HOOK_HOST_DIR": "/var/lib/gpuslice/hook"})
+    env = {"GPUSLICE_HOOK_BINARY": str(script), "GPUSLICE_HOOK_INSTALL_DIR": str(tmp_path / "h")}
+    out = run_setup({**env, "GPUSLICE_HOOK_HOST_DIR": "/var/lib/gpuslice/hook"})
     assert out.returncode == 1
     assert "is not the static hook binary" in out.stderr
     assert not (tmp_path / "h").exists()
@@ -1059,9 +1073,9 @@ def test_node_setup_says_so_where_the_hook_cannot_be_executed(
         env={
             "PATH": os.environ.get("PATH", ""),
             "PYTHONPATH": NODE_SETUP_PATH,
-            "HOOK_BINARY": str(static_hook),
-            "HOOK_INSTALL_DIR": str(install),
-            "HOOK_HOST_DIR": "/var/lib/gpuslice/hook",
+            "GPUSLICE_HOOK_BINARY": str(static_hook),
+            "GPUSLICE_HOOK_INSTALL_DIR": str(install),
+            "GPUSLICE_HOOK_HOST_DIR": "/var/lib/gpuslice/hook",
         },
         capture_output=True,
         text=True,
@@ -1096,12 +1110,12 @@ def test_node_setup_sweeps_dead_sockets_and_links_the_live_enforcer() -> None:
         with listener(dead), listener(dead_attach):
             pass  # closed without unlink: a pod killed with SIGKILL
         with listener(a), listener(b) as sock_b:
-            assert run_setup({"SOCKET_DIR": str(run_dir)}).returncode == 0
+            assert run_setup({"GPUSLICE_SOCKET_DIR": str(run_dir)}).returncode == 0
             assert not dead.exists() and not dead_attach.exists()
             assert a.exists() and b.exists()
 
             def hook_socket(own: Path, action: str) -> None:
-                env = {"ENFORCER_SOCKET": str(own), "ENFORCER_HOOK_SOCKET": str(link)}
+                env = {"GPUSLICE_SOCKET": str(own), "GPUSLICE_HOOK_SOCKET": str(link)}
                 out = run_setup(env, "hook-socket", action)
                 assert out.returncode == 0, out.stderr
 

@@ -18,7 +18,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,14 +27,13 @@ import yaml
 from cryptography import x509
 
 from e2e.sandbox import procs
-from e2e.sandbox.binaries import REPO_ROOT, KubeBinaries
+from e2e.sandbox.binaries import KubeBinaries
 from e2e.sandbox.controlplane import ControlPlane
 from e2e.sandbox.gpunode import RESOURCE, gpu_pod, pod_devices
 from e2e.sandbox.nodeagent.testing import get_pod, unique, wait_for, wait_pod_phase
 from e2e.sandbox.nodeservices import NodePod, serve_node_pod, start_node_pod
 from e2e.support.chart import render
 from e2e.support.controller import ready
-from gpuslice_controller.admission import dialects
 from gpuslice_kube.errors import KubeError, KubeNotFoundError
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 
@@ -76,10 +75,17 @@ class Controller:
         )
 
 
-@pytest.fixture(scope="module")
-def controller(
-    sandbox: ControlPlane, kube: RawApi, helm_bin: Path, tmp_path_factory: pytest.TempPathFactory
+@contextlib.contextmanager
+def run_controller(
+    sandbox: ControlPlane,
+    kube: RawApi,
+    helm_bin: Path,
+    root: Path,
+    flags: Sequence[str] = (),
+    chart_values: Sequence[str] = (),
 ) -> Iterator[Controller]:
+    """A controller process with ``flags`` and the chart's webhook configurations rendered with
+    ``chart_values``, confined to namespaces labelled with its ``selector``."""
     name = unique("e2e-ctl")
     namespace = name
     selector = {"gpuslice-e2e-webhooks": name}
@@ -88,7 +94,6 @@ def controller(
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
     )
     port = procs.free_port()
-    root = tmp_path_factory.mktemp("controller")
     argv = [
         str(BIN / "gpuslice-controller"),
         "--kubeconfig",
@@ -119,6 +124,7 @@ def controller(
         name,
         "--lease-name",
         name,
+        *flags,
     ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = procs.start(
@@ -133,6 +139,7 @@ def controller(
         f"controller.webhook.url=https://127.0.0.1:{port}",
         "--set",
         f"controller.webhook.namespaceSelector.matchLabels.gpuslice-e2e-webhooks={name}",
+        *chart_values,
         "--show-only",
         "templates/controller-webhooks.yaml",
         release="e2e",
@@ -158,9 +165,17 @@ def controller(
             kube.delete(resource_path("v1", "namespaces", name=namespace))
 
 
-@pytest.fixture
-def ns(kube: RawApi, controller: Controller) -> Iterator[str]:
-    """A namespace the module's webhooks apply to."""
+@pytest.fixture(scope="module")
+def controller(
+    sandbox: ControlPlane, kube: RawApi, helm_bin: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Controller]:
+    with run_controller(sandbox, kube, helm_bin, tmp_path_factory.mktemp("controller")) as ctl:
+        yield ctl
+
+
+@contextlib.contextmanager
+def webhook_namespace(kube: RawApi, controller: Controller) -> Iterator[str]:
+    """A namespace ``controller``'s webhooks apply to, removed (pods and claims gone) after."""
     name = unique("e2e-adm")
     kube.create(
         resource_path("v1", "namespaces"),
@@ -187,6 +202,13 @@ def ns(kube: RawApi, controller: Controller) -> Iterator[str]:
         90,
         f"namespace {name}'s pods and claims to be gone",
     )
+
+
+@pytest.fixture
+def ns(kube: RawApi, controller: Controller) -> Iterator[str]:
+    """A namespace the module's webhooks apply to."""
+    with webhook_namespace(kube, controller) as name:
+        yield name
 
 
 @pytest.fixture(scope="module")
@@ -451,14 +473,61 @@ def test_opt_out_and_untranslatable_pods(kube: RawApi, ns: str, gpu_node: NodePo
     assert get_pod(kube, ns, "huge") is None
 
 
-def test_the_chart_sends_exactly_the_dialects_resources() -> None:
-    chart = (REPO_ROOT / "charts/gpuslice/templates/controller-webhooks.yaml").read_text()
-    plain = {d.count for d in dialects.DIALECTS if d.count_alone_is_plain}
-    for dialect in dialects.DIALECTS:
-        for resource in dialect.resources:
-            assert (f'"{resource}"' in chart) == (resource not in plain), resource
-        for annotation in dialect.annotations:
-            assert f'"{annotation}"' in chart, annotation
+# A HAMi install that renamed its resources and set defaults (its chart values), the same in the
+# controller's flags and the chart's values (e2e/tests/chart/test_chart_hami.py checks that the
+# chart turns the values into both).
+HAMI_RENAMED = {
+    "resource-name": "hami.io/vgpu",
+    "resource-mem": "hami.io/vgpu-memory",
+    "resource-mem-percentage": "hami.io/vgpu-memory-percentage",
+    "resource-cores": "hami.io/vgpu-cores",
+    "resource-priority": "hami.io/vgpu-priority",
+    "default-mem": "2048",
+    "default-cores": "25",
+}
+
+
+def _camel(flag: str) -> str:
+    head, *rest = flag.split("-")
+    return head + "".join(w.capitalize() for w in rest)
+
+
+def test_a_renamed_hami_install_is_translated_with_its_defaults(
+    sandbox: ControlPlane,
+    kube: RawApi,
+    helm_bin: Path,
+    gpu_node: NodePod,
+    tmp_path: Path,
+) -> None:
+    """Pods asking for the renamed resources reach the webhook (the matchConditions carry the
+    names) and run with the limits they meant; a count alone gets defaultMem and defaultCores;
+    HAMi's default names mean nothing to this install and are left alone."""
+    flags = [f"--hami-{k}={v}" for k, v in HAMI_RENAMED.items()]
+    values = [
+        a
+        for k, v in HAMI_RENAMED.items()
+        for a in ("--set", f"controller.webhook.pods.hami.{_camel(k)}={v}")
+    ]
+    node = gpu_node.node
+    with (
+        run_controller(sandbox, kube, helm_bin, tmp_path, flags, values) as renamed,
+        webhook_namespace(kube, renamed) as namespace,
+    ):
+        pods = resource_path("v1", "pods", namespace=namespace)
+        asked = {"hami.io/vgpu": "1", "hami.io/vgpu-cores": "30", "hami.io/vgpu-memory": "4096"}
+        for name, limits in (("asked", asked), ("defaults", {"hami.io/vgpu": "1"})):
+            created = kube.create(pods, dialect_pod(namespace, name, node.name, limits))
+            assert created["spec"]["resourceClaims"], f"{name}: not translated"
+            assert "limits" not in created["spec"]["containers"][0]["resources"], name
+        untouched = dialect_pod(namespace, "hami-names", node.name, DIALECT_PODS["hami"])
+        created = kube.create(pods, untouched)
+        assert "resourceClaims" not in created["spec"]
+        assert created["spec"]["containers"][0]["resources"]["limits"] == DIALECT_PODS["hami"]
+        kube.delete(resource_path("v1", "pods", namespace=namespace, name="hami-names"))
+        for name, want in (("asked", ("30", str(4 * GIB))), ("defaults", ("25", str(2 * GIB)))):
+            pod = wait_pod_phase(kube, namespace, name, "Running", timeout=60)
+            [device] = pod_devices(node, pod)
+            assert (device["CORES"], device["MEMORY"]) == want, name
 
 
 def test_admission_keeps_working_while_the_ca_rotates(

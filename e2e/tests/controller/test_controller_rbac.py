@@ -139,13 +139,15 @@ def controller(
             **os.environ,
             **chart_env(deployment, namespace),
             "KUBECONFIG": str(kubeconfig),
-            "WEBHOOK_ADDR": f"127.0.0.1:{port}",
-            "METRICS_ADDR": "",
-            "CERT_HOSTS": "127.0.0.1",  # what controller.webhook.url names
-            "CERT_DIR": str(root / "certs"),
+            "GPUSLICE_WEBHOOK_ADDR": f"127.0.0.1:{port}",
+            "GPUSLICE_METRICS_ADDR": "",
+            "GPUSLICE_CERT_HOSTS": "127.0.0.1",  # what controller.webhook.url names
+            "GPUSLICE_CERT_DIR": str(root / "certs"),
             "PYTHONUNBUFFERED": "1",
         }
-        assert env["CERT_CHECK_INTERVAL"] == "3600"  # only the watch can publish within seconds
+        assert (
+            env["GPUSLICE_CERT_CHECK_INTERVAL"] == "3600"
+        )  # only the watch can publish within seconds
         argv = [str(BIN / "gpuslice-controller")]
         proc = procs.start("controller", argv, log, env, cwd=Path.cwd(), die_with_parent=True)
         # Up, its certificate loaded and its caches synced, but not ready: the chart's webhook

@@ -17,6 +17,7 @@ from e2e.support.chart import (
     allowed,
     containers,
     env_of,
+    every_name,
     flag_variables,
     helm,
     pod_spec,
@@ -46,7 +47,7 @@ def parse(
     known = flag_variables(parser())
     assert env.keys() - known <= NOT_FLAGS, "not flags of the service"
     with mp.context() as m:
-        for var in known | NOT_FLAGS:
+        for var in every_name(parser()) | NOT_FLAGS:
             m.delenv(var, raising=False)
         for var, value in env.items():
             if isinstance(value, str):
@@ -81,7 +82,7 @@ def test_named_configs_and_the_enforcer_sidecar(
     assert [c["name"] for c in spec["initContainers"]] == ["node-setup", "enforcer"]
     # the static hook is copied to the host from the enforcer's image
     assert byname["node-setup"]["image"] == byname["enforcer"]["image"]
-    assert env_of(byname["node-setup"])["HOOK_INSTALL_DIR"] == "/host-hook"
+    assert env_of(byname["node-setup"])["GPUSLICE_HOOK_INSTALL_DIR"] == "/host-hook"
     assert byname["enforcer"]["restartPolicy"] == "Always"
     plugin = parse(device_plugin_parser, env_of(byname["device-plugin"]), monkeypatch)
     enforcer = parse(enforcer_parser, env_of(byname["enforcer"]), monkeypatch)

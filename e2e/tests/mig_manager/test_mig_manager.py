@@ -39,7 +39,14 @@ gpus:
   - model: A100-SXM4-40GB
     count: 8
 """
-_SCRUB = ("NODE_NAME", "KUBECONFIG", "MIG_CONFIG_FILE", "MIG_CONFIG_MAP", "DYNAMIC_MIG")
+_SCRUB = (
+    "NODE_NAME",
+    "GPUSLICE_NODE_NAME",
+    "KUBECONFIG",
+    "GPUSLICE_CONFIG_FILE",
+    "GPUSLICE_CONFIG_MAP",
+    "GPUSLICE_DYNAMIC_MIG",
+)
 
 
 @dataclass

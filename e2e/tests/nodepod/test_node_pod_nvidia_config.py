@@ -1,7 +1,8 @@
 """NVIDIA's quickstart claims, with only the DeviceClass and driver names changed to ours, on one
 sandbox node pod (real kubelet plugin and enforcer, MPS on: the fake's stand-in control daemon):
 their opaque ``resource.nvidia.com/v1beta1`` configs prepare, the enforcer holds the limits they
-ask for, and what gpuslice cannot honour is refused at prepare with the field named."""
+ask for, a time-slice interval is set on the GPU, and what gpuslice cannot honour is refused at
+prepare with the field named."""
 
 from __future__ import annotations
 
@@ -16,13 +17,13 @@ from e2e.sandbox.gpunode import (
     RESOURCE,
     claim_request,
     create_multi_request_template,
-    multi_container_pod,
     pod_devices,
     run_pod,
 )
-from e2e.sandbox.nodeagent.testing import events_for, wait_for
+from e2e.sandbox.nodeagent.testing import wait_for
 from e2e.sandbox.nodeservices import NodePod, serve_node_pod, start_node_pod
 from gpuslice_kube.raw import Obj, RawApi, resource_path
+from gpuslice_nvml.fake import FakeNvml, FakeNvmlControl
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as epb
 
 pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
@@ -124,10 +125,12 @@ def test_time_slicing_and_mps_requests_of_one_claim(
     assert device.device_uuid == mps_device["UUID"] != ts_device["UUID"]
 
 
-def test_a_time_slice_interval_we_cannot_set_is_refused_at_prepare(
+def test_a_time_slice_interval_is_set_on_the_gpu_and_put_back_after(
     node_pod: NodePod, kube: RawApi, namespace: str
 ) -> None:
-    """gpu-test5 as NVIDIA ships it (interval Long): the pod waits, and its event says why."""
+    """gpu-test5 as NVIDIA ships it (interval Long): the pod runs, its GPU's compute time slice
+    is Long (3, what ``nvidia-smi compute-policy --set-timeslice`` takes) while it does, and
+    Default (0) again once the pod and its claim are gone."""
     long = {**NV, "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}}
     create_multi_request_template(
         kube,
@@ -136,16 +139,22 @@ def test_a_time_slice_interval_we_cannot_set_is_refused_at_prepare(
         [claim_request("ts-gpu", "gpu.gpuslice.dev")],
         config=[opaque(long, ["ts-gpu"])],
     )
-    manifest = multi_container_pod(
-        namespace, "long", node_pod.node.name, {"ts": [{"name": "long", "request": "ts-gpu"}]}
+    pod = run_pod(
+        kube, node_pod.node, namespace, "long", {"ts": [{"name": "long", "request": "ts-gpu"}]}
     )
-    kube.create(resource_path("v1", "pods", namespace=namespace), manifest)
+    [device] = pod_devices(node_pod.node, pod, container="ts")
+    index = _uuids(node_pod).index(device["UUID"])
+    control = FakeNvmlControl.from_config_file(node_pod.services.nvml_config)
 
-    def refused() -> Obj | None:
-        found = events_for(kube, namespace, "long", "FailedPrepareDynamicResources")
-        return next((e for e in found if "NodePrepareResources" in e["message"]), None)
+    def time_slice() -> int:
+        return control.state().gpus[index].time_slice
 
-    message = wait_for(refused, 30, "the FailedPrepareDynamicResources event")["message"]
-    assert "GpuConfig #0 (from the claim" in message
-    assert "sharing.timeSlicingConfig.interval: 'Long' cannot be honoured" in message
-    assert "allowed: Default" in message
+    assert time_slice() == 3
+    kube.delete(resource_path("v1", "pods", namespace=namespace, name="long"))
+    wait_for(lambda: time_slice() == 0 or None, 60, "the GPU's time slice back to Default")
+
+
+def _uuids(node_pod: NodePod) -> list[str]:
+    """The fake node's GPU UUIDs by NVML index."""
+    with FakeNvml.from_config_file(node_pod.services.nvml_config) as nvml:
+        return [g.uuid for g in nvml.gpus()]

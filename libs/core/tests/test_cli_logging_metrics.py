@@ -14,7 +14,12 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from gpuslice_core import logging as gs_logging
-from gpuslice_core.cli import EnvArgumentParser, positive_seconds, seconds_or_off
+from gpuslice_core.cli import (
+    EnvArgumentParser,
+    pop_deprecation_notices,
+    positive_seconds,
+    seconds_or_off,
+)
 from gpuslice_core.metrics import OperationMetrics, parse_addr, serve
 from gpuslice_testkit.core import preserved_logging
 
@@ -25,22 +30,96 @@ def restore_logging() -> Iterator[None]:
         yield
 
 
-def test_flag_reads_env_and_command_line_wins(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("NODE_NAME", "gpu-node-1")
+def test_flag_reads_its_gpuslice_variable_and_command_line_wins(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("GPUSLICE_STATE_DIR", "/var/lib/x")
     parser = EnvArgumentParser(prog="x")
-    parser.add_flag("--node-name", env="NODE_NAME", help="The node this runs on.")
-    assert parser.parse_args([]).node_name == "gpu-node-1"
-    assert parser.parse_args(["--node-name", "other"]).node_name == "other"
+    parser.add_flag("--state-dir", help="Where state lives.")
+    assert parser.parse_args([]).state_dir == "/var/lib/x"
+    assert parser.parse_args(["--state-dir", "/other"]).state_dir == "/other"
+    assert pop_deprecation_notices() == []
 
 
 def test_env_value_outside_choices_names_the_variable(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv("NVML_BACKEND", "mock")
+    monkeypatch.setenv("GPUSLICE_NVML", "mock")
     parser = EnvArgumentParser(prog="x")
     with pytest.raises(SystemExit):
-        parser.add_flag("--nvml", env="NVML_BACKEND", help="Backend.", choices=["real", "fake"])
-    assert "NVML_BACKEND='mock' must be one of: real, fake" in capsys.readouterr().err
+        parser.add_flag("--nvml", help="Backend.", choices=["real", "fake"])
+    assert "GPUSLICE_NVML='mock' must be one of: real, fake" in capsys.readouterr().err
+
+
+def _deprecated_parser() -> EnvArgumentParser:
+    parser = EnvArgumentParser(prog="x")
+    parser.add_flag("--state-dir", deprecated=["STATE_DIR"], help="Where state lives.")
+    parser.add_bool_flag("--dynamic-mig", deprecated=["DYNAMIC_MIG"], help="MIG on demand.")
+    return parser
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_an_old_variable_is_read_with_a_warning_naming_the_new_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pop_deprecation_notices()
+    monkeypatch.setenv("STATE_DIR", "/old")
+    monkeypatch.setenv("DYNAMIC_MIG", "true")
+    args = _deprecated_parser().parse_args([])
+    assert (args.state_dir, args.dynamic_mig) == ("/old", True)
+    out = io.StringIO()
+    gs_logging.configure(component="test", stream=out)
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [(line["level"], line["deprecated_env"], line["env"]) for line in lines] == [
+        ("warning", "STATE_DIR", "GPUSLICE_STATE_DIR"),
+        ("warning", "DYNAMIC_MIG", "GPUSLICE_DYNAMIC_MIG"),
+    ]
+    assert lines[0]["msg"] == (
+        "environment variable STATE_DIR is deprecated and will not be read after the next"
+        " release; set GPUSLICE_STATE_DIR instead"
+    )
+    # logged once: a second configure (tests, a reload) does not repeat them
+    again = io.StringIO()
+    gs_logging.configure(component="test", stream=again)
+    assert again.getvalue() == ""
+
+
+def test_the_new_variable_wins_over_the_old_one_which_is_reported_ignored(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pop_deprecation_notices()
+    monkeypatch.setenv("STATE_DIR", "/old")
+    monkeypatch.setenv("GPUSLICE_STATE_DIR", "/new")
+    assert _deprecated_parser().parse_args([]).state_dir == "/new"
+    (notice,) = pop_deprecation_notices()
+    assert notice.message == (
+        "environment variable STATE_DIR is deprecated and ignored because GPUSLICE_STATE_DIR"
+        " is set; remove STATE_DIR"
+    )
+
+
+def test_an_alias_of_another_project_is_read_quietly(monkeypatch: pytest.MonkeyPatch) -> None:
+    pop_deprecation_notices()
+    monkeypatch.delenv("GPUSLICE_NODE_NAME", raising=False)
+    monkeypatch.setenv("NODE_NAME", "gpu-node-1")
+    parser = EnvArgumentParser(prog="x")
+    parser.add_flag("--node-name", aliases=["NODE_NAME"], help="The node this runs on.")
+    assert parser.parse_args([]).node_name == "gpu-node-1"
+    assert pop_deprecation_notices() == []
+    assert "[env GPUSLICE_NODE_NAME or NODE_NAME]" in " ".join(parser.format_help().split())
+    monkeypatch.setenv("GPUSLICE_NODE_NAME", "gpu-node-2")
+    parser = EnvArgumentParser(prog="x")
+    parser.add_flag("--node-name", aliases=["NODE_NAME"], help="The node this runs on.")
+    assert parser.parse_args([]).node_name == "gpu-node-2"
+
+
+def test_a_bad_old_variable_is_named_in_the_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("DYNAMIC_MIG", "maybe")
+    with pytest.raises(ValueError, match="DYNAMIC_MIG='maybe' is not a boolean"):
+        _deprecated_parser()
+    pop_deprecation_notices()
 
 
 @pytest.mark.parametrize(
@@ -67,10 +146,13 @@ def test_seconds_flags_take_their_range() -> None:
 
 def test_help_names_every_env_var() -> None:
     parser = EnvArgumentParser(prog="x")
-    parser.add_flag("--state-dir", env="STATE_DIR", help="Where state lives.", default="/var")
-    parser.add_bool_flag("--dynamic-mig", env="DYNAMIC_MIG", help="Create MIG on demand.")
+    parser.add_flag("--state-dir", help="Where state lives.", default="/var")
+    parser.add_bool_flag("--dynamic-mig", help="Create MIG on demand.")
+    parser.add_flag("--kubeconfig", env="KUBECONFIG", help="Kubeconfig file.")
     text = parser.format_help()
-    assert "[env STATE_DIR]" in text and "[env DYNAMIC_MIG]" in text
+    assert "[env GPUSLICE_STATE_DIR]" in text and "[env GPUSLICE_DYNAMIC_MIG]" in text
+    assert "[env KUBECONFIG]" in text
+    assert set(parser.variables) == {"GPUSLICE_STATE_DIR", "GPUSLICE_DYNAMIC_MIG", "KUBECONFIG"}
 
 
 @pytest.mark.usefixtures("restore_logging")

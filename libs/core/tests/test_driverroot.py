@@ -160,3 +160,17 @@ def test_the_real_drivers_files_exist_where_the_spec_says() -> None:
     names = {Path(m.container_path).name for m in mounts}
     assert {"libcuda.so.1", "libnvidia-ml.so.1", "nvidia-smi"} <= names, sorted(names)
     assert root.caps_major() > 0
+
+
+def test_the_drivers_nvidia_smi_and_its_library_directory_are_found(tmp_path: Path) -> None:
+    """What the kubelet plugin runs to set a GPU's time slice: the driver root's nvidia-smi,
+    with the directory of its libnvidia-ml."""
+    driver_files(tmp_path)
+    smi = tmp_path / "usr/bin/nvidia-smi"
+    root = DriverRoot(tmp_path)
+    assert root.binary("nvidia-smi") is None  # not executable: not runnable here
+    smi.chmod(0o755)
+    assert root.binary("nvidia-smi") == smi
+    assert root.library_dir("libnvidia-ml.so") == tmp_path / LIB
+    assert root.binary("nvidia-persistenced") is None
+    assert root.library_dir("libnvidia-nope.so") is None

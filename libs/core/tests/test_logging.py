@@ -176,14 +176,14 @@ def test_log_flags_are_shared_and_read_the_environment(monkeypatch: pytest.Monke
     add_log_flags(parser)
     args = parser.parse_args([])
     assert (args.log_level, args.log_format) == ("info", "json")
-    monkeypatch.setenv("LOG_FORMAT", "text")
-    monkeypatch.setenv("LOG_LEVEL", "debug")
+    monkeypatch.setenv("GPUSLICE_LOG_FORMAT", "text")
+    monkeypatch.setenv("GPUSLICE_LOG_LEVEL", "debug")
     parser = EnvArgumentParser(prog="x")
     add_log_flags(parser)
     assert (parser.parse_args([]).log_format, parser.parse_args([]).log_level) == ("text", "debug")
     assert parser.parse_args(["--log-format=json"]).log_format == "json"
     help_text = parser.format_help()
-    assert "[env LOG_FORMAT]" in help_text and "[env LOG_LEVEL]" in help_text
+    assert "[env GPUSLICE_LOG_FORMAT]" in help_text and "[env GPUSLICE_LOG_LEVEL]" in help_text
 
 
 def test_bad_log_format_names_the_choices() -> None:

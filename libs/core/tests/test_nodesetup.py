@@ -32,16 +32,26 @@ from gpuslice_core.nodesetup.sockets import (
 #: check_runs's job, tested on its own below).
 FAKE_HOOK = b"\x7fELF" + b"\0" * 60 + b"release one"
 ENV = (
-    "SOCKET_DIR",
+    "GPUSLICE_NODE_NAME",
+    "GPUSLICE_SOCKET",
+    "GPUSLICE_HOOK_SOCKET",
+    "GPUSLICE_SOCKET_DIR",
+    "GPUSLICE_FAKE_NVML_CONFIG_SRC",
+    "GPUSLICE_FAKE_NVML_CONFIG",
+    "GPUSLICE_FAKE_NVML_SET_NAME",
+    "GPUSLICE_HOOK_INSTALL_DIR",
+    "GPUSLICE_HOOK_HOST_DIR",
+    "GPUSLICE_HOOK_BINARY",
     "NODE_NAME",
+    "ENFORCER_SOCKET",
+    "ENFORCER_HOOK_SOCKET",
+    "SOCKET_DIR",
     "FAKE_NVML_CONFIG_SRC",
     "FAKE_NVML_CONFIG",
     "FAKE_NVML_SET_NAME",
     "HOOK_INSTALL_DIR",
     "HOOK_HOST_DIR",
     "HOOK_BINARY",
-    "ENFORCER_SOCKET",
-    "ENFORCER_HOOK_SOCKET",
 )
 
 
@@ -120,7 +130,7 @@ def test_fake_config_gets_the_node_name(tmp_path: Path) -> None:
 
 
 def test_fake_config_with_a_name_needs_the_node_name(tmp_path: Path) -> None:
-    with pytest.raises(SetupError, match="FAKE_NVML_SET_NAME needs NODE_NAME"):
+    with pytest.raises(SetupError, match="GPUSLICE_FAKE_NVML_SET_NAME needs GPUSLICE_NODE_NAME"):
         FakeNvmlConfig(tmp_path / "a", tmp_path / "b", node_name="", set_name=True)
 
 
@@ -289,13 +299,13 @@ def test_hook_socket_release_without_a_link_does_nothing(run_dir: Path) -> None:
 # ---- the command line: the chart's environment -> Settings -> steps ---------------------------
 def test_the_charts_environment_becomes_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     for var, value in {
-        "NODE_NAME": "gpu-node-a",
-        "SOCKET_DIR": "/var/run/gpuslice",
-        "FAKE_NVML_CONFIG_SRC": "/etc/gpuslice/fake-nvml/node.yaml",
-        "FAKE_NVML_CONFIG": "/var/lib/gpuslice/fake-nvml/node.yaml",
-        "FAKE_NVML_SET_NAME": "true",
-        "HOOK_INSTALL_DIR": "/host-hook",
-        "HOOK_HOST_DIR": "/var/lib/gpuslice/hook",
+        "GPUSLICE_NODE_NAME": "gpu-node-a",
+        "GPUSLICE_SOCKET_DIR": "/var/run/gpuslice",
+        "GPUSLICE_FAKE_NVML_CONFIG_SRC": "/etc/gpuslice/fake-nvml/node.yaml",
+        "GPUSLICE_FAKE_NVML_CONFIG": "/var/lib/gpuslice/fake-nvml/node.yaml",
+        "GPUSLICE_FAKE_NVML_SET_NAME": "true",
+        "GPUSLICE_HOOK_INSTALL_DIR": "/host-hook",
+        "GPUSLICE_HOOK_HOST_DIR": "/var/lib/gpuslice/hook",
     }.items():
         monkeypatch.setenv(var, value)
     assert cli.settings_from(cli.build_parser().parse_args([])) == Settings(
@@ -309,12 +319,32 @@ def test_the_charts_environment_becomes_the_settings(monkeypatch: pytest.MonkeyP
         hook=HookInstall(Path("/host-hook"), "/var/lib/gpuslice/hook"),
     )
     assert HookInstall(Path("/x"), "/y").binary == Path("/usr/local/bin/gpuslice-enforcer-hook")
-    monkeypatch.setenv("ENFORCER_SOCKET", "/run/enforcer-1.sock")
-    monkeypatch.setenv("ENFORCER_HOOK_SOCKET", "/run/enforcer.sock")
+    monkeypatch.setenv("GPUSLICE_SOCKET", "/run/enforcer-1.sock")
+    monkeypatch.setenv("GPUSLICE_HOOK_SOCKET", "/run/enforcer.sock")
     args = cli.build_parser().parse_args(["hook-socket", "release"])
     assert cli.settings_from(args) == HookSocketSettings(
         "release", Path("/run/enforcer-1.sock"), Path("/run/enforcer.sock")
     )
+
+
+def test_old_variable_names_work_for_one_release_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Users' manifests (and a chart of the previous release) set ENFORCER_SOCKET and friends:
+    they are read, and stderr says which variable to set instead."""
+    monkeypatch.setenv("ENFORCER_SOCKET", str(tmp_path / "e.sock"))
+    monkeypatch.setenv("ENFORCER_HOOK_SOCKET", str(tmp_path / "absent" / "enforcer.sock"))
+    args = cli.build_parser().parse_args(["hook-socket", "claim"])
+    assert cli.settings_from(args) == HookSocketSettings(
+        "claim", tmp_path / "e.sock", tmp_path / "absent" / "enforcer.sock"
+    )
+    cli.main(["hook-socket", "claim"])
+    err = capsys.readouterr().err
+    assert (
+        "node-setup: warning: environment variable ENFORCER_SOCKET is deprecated and will not"
+        " be read after the next release; set GPUSLICE_SOCKET instead" in err
+    )
+    assert "set GPUSLICE_HOOK_SOCKET instead" in err
 
 
 def test_nothing_asked_nothing_done() -> None:
@@ -325,14 +355,26 @@ def test_nothing_asked_nothing_done() -> None:
 @pytest.mark.parametrize(
     ("env", "argv", "message"),
     [
-        ({"FAKE_NVML_CONFIG_SRC": "/a"}, [], "FAKE_NVML_CONFIG_SRC needs FAKE_NVML_CONFIG"),
         (
-            {"FAKE_NVML_CONFIG_SRC": "/a", "FAKE_NVML_CONFIG": "/b", "FAKE_NVML_SET_NAME": "true"},
+            {"GPUSLICE_FAKE_NVML_CONFIG_SRC": "/a"},
             [],
-            "FAKE_NVML_SET_NAME needs NODE_NAME",
+            "GPUSLICE_FAKE_NVML_CONFIG_SRC needs GPUSLICE_FAKE_NVML_CONFIG",
         ),
-        ({"HOOK_INSTALL_DIR": "/host-hook"}, [], "HOOK_INSTALL_DIR needs HOOK_HOST_DIR"),
-        ({"ENFORCER_SOCKET": "/e.sock"}, ["hook-socket", "claim"], "hook-socket claim needs"),
+        (
+            {
+                "GPUSLICE_FAKE_NVML_CONFIG_SRC": "/a",
+                "GPUSLICE_FAKE_NVML_CONFIG": "/b",
+                "GPUSLICE_FAKE_NVML_SET_NAME": "true",
+            },
+            [],
+            "GPUSLICE_FAKE_NVML_SET_NAME needs GPUSLICE_NODE_NAME",
+        ),
+        (
+            {"GPUSLICE_HOOK_INSTALL_DIR": "/host-hook"},
+            [],
+            "GPUSLICE_HOOK_INSTALL_DIR needs GPUSLICE_HOOK_HOST_DIR",
+        ),
+        ({"GPUSLICE_SOCKET": "/e.sock"}, ["hook-socket", "claim"], "hook-socket claim needs"),
     ],
 )
 def test_missing_settings_exit_1_naming_them(
@@ -351,12 +393,12 @@ def test_missing_settings_exit_1_naming_them(
 def test_a_failed_step_exits_1_with_the_reason(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv("FAKE_NVML_CONFIG_SRC", str(tmp_path / "absent.yaml"))
-    monkeypatch.setenv("FAKE_NVML_CONFIG", str(tmp_path / "node.yaml"))
+    monkeypatch.setenv("GPUSLICE_FAKE_NVML_CONFIG_SRC", str(tmp_path / "absent.yaml"))
+    monkeypatch.setenv("GPUSLICE_FAKE_NVML_CONFIG", str(tmp_path / "node.yaml"))
     assert cli.main([]) == 1
     assert "node-setup: failed: [Errno 2] No such file or directory" in capsys.readouterr().err
-    monkeypatch.setenv("ENFORCER_SOCKET", str(tmp_path / "e.sock"))
-    monkeypatch.setenv("ENFORCER_HOOK_SOCKET", str(tmp_path / "absent" / "enforcer.sock"))
+    monkeypatch.setenv("GPUSLICE_SOCKET", str(tmp_path / "e.sock"))
+    monkeypatch.setenv("GPUSLICE_HOOK_SOCKET", str(tmp_path / "absent" / "enforcer.sock"))
     assert cli.main(["hook-socket", "claim"]) == 1
     assert "node-setup: hook-socket claim failed: FileNotFoundError" in capsys.readouterr().err
 
@@ -381,11 +423,11 @@ def test_the_steps_run_in_order_from_the_module(tmp_path: Path, run_dir: Path) -
         env={
             "PATH": os.environ.get("PATH", ""),
             "PYTHONPATH": os.pathsep.join(sys.path),
-            "NODE_NAME": "n1",
-            "SOCKET_DIR": str(run_dir),
-            "FAKE_NVML_CONFIG_SRC": str(src),
-            "FAKE_NVML_CONFIG": str(tmp_path / "out" / "node.yaml"),
-            "FAKE_NVML_SET_NAME": "true",
+            "GPUSLICE_NODE_NAME": "n1",
+            "GPUSLICE_SOCKET_DIR": str(run_dir),
+            "GPUSLICE_FAKE_NVML_CONFIG_SRC": str(src),
+            "GPUSLICE_FAKE_NVML_CONFIG": str(tmp_path / "out" / "node.yaml"),
+            "GPUSLICE_FAKE_NVML_SET_NAME": "true",
         },
         capture_output=True,
         text=True,

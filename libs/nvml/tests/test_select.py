@@ -20,15 +20,15 @@ def parser() -> EnvArgumentParser:
 
 
 def test_defaults_to_real(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("NVML_BACKEND", raising=False)
-    monkeypatch.delenv("FAKE_NVML_CONFIG", raising=False)
+    monkeypatch.delenv("GPUSLICE_NVML", raising=False)
+    monkeypatch.delenv("GPUSLICE_FAKE_NVML_CONFIG", raising=False)
     args = parser().parse_args([])
     assert (args.nvml, args.fake_nvml_config) == ("real", None)
 
 
 def test_env_selects_the_fake(monkeypatch: pytest.MonkeyPatch, mixed_config: Path) -> None:
-    monkeypatch.setenv("NVML_BACKEND", "fake")
-    monkeypatch.setenv("FAKE_NVML_CONFIG", str(mixed_config))
+    monkeypatch.setenv("GPUSLICE_NVML", "fake")
+    monkeypatch.setenv("GPUSLICE_FAKE_NVML_CONFIG", str(mixed_config))
     with nvml_from_args(parser().parse_args([])) as nvml:
         assert isinstance(nvml, FakeNvml) and nvml.device_count() == 3
 
@@ -58,4 +58,4 @@ def test_help_documents_the_env_vars(capsys: pytest.CaptureFixture[str]) -> None
     with pytest.raises(SystemExit):
         parser().parse_args(["--help"])
     out = capsys.readouterr().out
-    assert "NVML_BACKEND" in out and "FAKE_NVML_CONFIG" in out
+    assert "GPUSLICE_NVML" in out and "GPUSLICE_FAKE_NVML_CONFIG" in out

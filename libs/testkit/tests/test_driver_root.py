@@ -15,8 +15,10 @@ import pytest
 
 from gpuslice_core.driverroot import DriverRoot
 from gpuslice_nvml import mock
+from gpuslice_nvml.fake.control import FakeNvmlControl
 from gpuslice_testkit.nvml_mock import (
     CAPS_MAJOR,
+    CONFIG_IN_ROOT,
     NVIDIA_MAJOR,
     UVM_MAJOR,
     DriverRootFiles,
@@ -143,3 +145,32 @@ def test_a_pending_mig_mode_takes_effect_through_the_roots_nvidia_smi(tmp_path: 
     )
     assert run.returncode == 0, run.stderr[-3000:]
     assert json.loads(run.stdout) == [[False, True], [True, True]]
+
+
+def test_a_time_slice_reaches_the_fake_node_through_the_roots_nvidia_smi(tmp_path: Path) -> None:
+    """``set_compute_time_slice`` runs the same driver root's nvidia-smi as a reset (one helper
+    finds it), so NVIDIA's ``timeSlicingConfig.interval`` works on a root of files too."""
+    config = tmp_path / "node.yaml"
+    config.write_text("gpus:\n  - model: A100-SXM4-40GB\n  - model: L4\n")
+    files = write_driver_root(tmp_path / "root", config, "node-c", tmp_path / "state")
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", mock.NODE_ENV)}
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)  # the stand-in imports gpuslice_nvml
+    env["PATH"] = f"{Path(sys.executable).parent}:/usr/bin:/bin"  # its python3, no nvidia-smi
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from gpuslice_nvml import open_nvml\n"
+        "n = open_nvml('real', None, Path(sys.argv[1]))\n"
+        "n.set_compute_time_slice(1, 2)\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script, str(files.root)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    control = FakeNvmlControl.from_config_file(files.root / CONFIG_IN_ROOT)
+    assert [g.time_slice for g in control.state().gpus] == [0, 2]

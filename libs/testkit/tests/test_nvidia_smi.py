@@ -50,3 +50,20 @@ def test_the_shim_runs_the_module_from_path(config: Path, tmp_path: Path) -> Non
     done = subprocess.run([str(shim), "-q"], capture_output=True, text=True, check=False)
     assert done.returncode == 2, done.stderr
     assert "only `nvidia-smi --gpu-reset -i <bus id>`" in done.stderr
+
+
+def test_compute_policy_sets_the_time_slice_in_the_fake_state(
+    config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What the real backend's ``set_compute_time_slice`` runs, as NVIDIA's DRA driver runs it."""
+    with FakeNvml.from_config_file(config) as nvml:
+        uuid = nvml.gpu(0).uuid
+    control = FakeNvmlControl.from_config_file(config)
+    assert control.state().gpus[0].time_slice == 0
+    assert nvidia_smi.main(["compute-policy", "-i", uuid, "--set-timeslice=3"]) == 0
+    assert control.state().gpus[0].time_slice == 3
+    assert nvidia_smi.main(["compute-policy", "-i", "GPU-none", "--set-timeslice=1"]) == 6
+    with pytest.raises(SystemExit):
+        nvidia_smi.main(["compute-policy", "-i", uuid, "--set-timeslice=4"])
+    assert "invalid choice: 4" in capsys.readouterr().err
+    assert control.state().gpus[0].time_slice == 3

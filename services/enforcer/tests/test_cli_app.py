@@ -62,7 +62,7 @@ def test_flags_reach_the_settings(tmp_path: Path) -> None:
     s = settings_from(args).enforcement
     assert not s.mps and not s.manage_compute_mode and not s.keep_mps_on_exit
     assert s.effective_hook_socket == Path("/host/e.sock")
-    assert s.mps_env == {"FAKE_NVML_CONFIG": str(node.resolve())}
+    assert s.mps_env == {"GPUSLICE_FAKE_NVML_CONFIG": str(node.resolve())}
     assert s.mps_control != ("nvidia-cuda-mps-control",)  # the fake's stand-in
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import json
 import logging
 import re
 import subprocess
@@ -12,36 +14,38 @@ from pathlib import Path
 import pytest
 import structlog
 
+from gpuslice_core import logging as gslog
+from gpuslice_core.cli import pop_deprecation_notices
 from gpuslice_kubelet_plugin.cli import build_parser, main, settings_from
 
 FLAGS = {
-    "--node-name": "NODE_NAME",
+    "--node-name": "GPUSLICE_NODE_NAME or NODE_NAME",
     "--kubeconfig": "KUBECONFIG",
-    "--nvml": "NVML_BACKEND",
-    "--fake-nvml-config": "FAKE_NVML_CONFIG",
-    "--cdi-root": "CDI_ROOT",
-    "--registrar-dir": "REGISTRAR_DIR",
-    "--plugins-dir": "PLUGINS_DIR",
-    "--state-dir": "STATE_DIR",
-    "--metrics-addr": "METRICS_ADDR",
-    "--health-addr": "HEALTH_ADDR",
-    "--enforcer-socket": "ENFORCER_SOCKET",
-    "--mig-manager-socket": "MIG_MANAGER_SOCKET",
-    "--dynamic-mig": "DYNAMIC_MIG",
-    "--pod-uid": "POD_UID",
-    "--health-streaming": "HEALTH_STREAMING",
-    "--health-recovery": "HEALTH_RECOVERY",
-    "--xid-quiet-period": "XID_QUIET_PERIOD",
-    "--health-check-interval": "HEALTH_CHECK_INTERVAL",
-    "--ignored-xids": "IGNORED_XIDS",
-    "--gc-interval": "GC_INTERVAL",
-    "--rescan-interval": "RESCAN_INTERVAL",
-    "--driver-root": "GPUSLICE_DRIVER_ROOT",
+    "--nvml": "GPUSLICE_NVML",
+    "--fake-nvml-config": "GPUSLICE_FAKE_NVML_CONFIG",
+    "--cdi-root": "GPUSLICE_CDI_ROOT",
+    "--registrar-dir": "GPUSLICE_REGISTRAR_DIR",
+    "--plugins-dir": "GPUSLICE_PLUGINS_DIR",
+    "--state-dir": "GPUSLICE_STATE_DIR",
+    "--metrics-addr": "GPUSLICE_METRICS_ADDR",
+    "--health-addr": "GPUSLICE_HEALTH_ADDR",
+    "--enforcer-socket": "GPUSLICE_ENFORCER_SOCKET",
+    "--mig-manager-socket": "GPUSLICE_MIG_MANAGER_SOCKET",
+    "--dynamic-mig": "GPUSLICE_DYNAMIC_MIG",
+    "--pod-uid": "GPUSLICE_POD_UID",
+    "--health-streaming": "GPUSLICE_HEALTH_STREAMING",
+    "--health-recovery": "GPUSLICE_HEALTH_RECOVERY",
+    "--xid-quiet-period": "GPUSLICE_XID_QUIET_PERIOD",
+    "--health-check-interval": "GPUSLICE_HEALTH_CHECK_INTERVAL",
+    "--ignored-xids": "GPUSLICE_IGNORED_XIDS",
+    "--gc-interval": "GPUSLICE_GC_INTERVAL",
+    "--rescan-interval": "GPUSLICE_RESCAN_INTERVAL",
+    "--driver-root": "GPUSLICE_DRIVER_ROOT or NVIDIA_DRIVER_ROOT",
     "--proc-root": "GPUSLICE_PROC_ROOT",
-    "--nvidia-cdi-kind": "NVIDIA_CDI_KIND",
-    "--shutdown-grace": "SHUTDOWN_GRACE",
-    "--log-level": "LOG_LEVEL",
-    "--log-format": "LOG_FORMAT",
+    "--nvidia-cdi-kind": "GPUSLICE_NVIDIA_CDI_KIND",
+    "--shutdown-grace": "GPUSLICE_SHUTDOWN_GRACE",
+    "--log-level": "GPUSLICE_LOG_LEVEL",
+    "--log-format": "GPUSLICE_LOG_FORMAT",
 }
 
 
@@ -66,10 +70,10 @@ def test_help_documents_every_flag_with_its_variable() -> None:
 
 
 def test_environment_sets_flags(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("NODE_NAME", "n7")
-    monkeypatch.setenv("DYNAMIC_MIG", "true")
-    monkeypatch.setenv("IGNORED_XIDS", "13,43")
-    monkeypatch.setenv("CDI_ROOT", "/tmp/cdi")
+    monkeypatch.setenv("GPUSLICE_NODE_NAME", "n7")
+    monkeypatch.setenv("GPUSLICE_DYNAMIC_MIG", "true")
+    monkeypatch.setenv("GPUSLICE_IGNORED_XIDS", "13,43")
+    monkeypatch.setenv("GPUSLICE_CDI_ROOT", "/tmp/cdi")
     settings = settings_from(build_parser().parse_args([]))
     assert settings.node_name == "n7"
     assert settings.dynamic_mig is True
@@ -87,7 +91,7 @@ def test_bad_values_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--metrics-addr 'nope' must be HOST:PORT" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main([])
-    assert "--node-name (NODE_NAME) is required" in capsys.readouterr().err
+    assert "--node-name (GPUSLICE_NODE_NAME) is required" in capsys.readouterr().err
 
 
 def test_fake_nvml_without_config_fails_with_a_message(capsys: pytest.CaptureFixture[str]) -> None:
@@ -114,3 +118,32 @@ def test_probe_of_nothing_fails(tmp_path: Path) -> None:
     )
     assert out.returncode == 1
     assert re.search(r"GetInfo on .*gpu\.gpuslice\.dev-reg\.sock", out.stderr)
+
+
+def test_an_old_variable_still_works_and_its_warning_names_the_new_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A manifest written for an earlier release sets STATE_DIR and ENFORCER_SOCKET: read for one
+    release, each with a warning line in the plugin's log naming the variable to set."""
+    pop_deprecation_notices()
+    monkeypatch.setenv("GPUSLICE_NODE_NAME", "n7")
+    monkeypatch.setenv("STATE_DIR", "/old/state")
+    monkeypatch.setenv("ENFORCER_SOCKET", "/run/e.sock")
+    settings = settings_from(build_parser().parse_args([]))
+    assert (settings.state_dir, settings.enforcer_socket) == (
+        Path("/old/state"),
+        Path("/run/e.sock"),
+    )
+    out = io.StringIO()
+    gslog.configure(component="kubelet-plugin", stream=out)
+    warned = {
+        line["deprecated_env"]: (line["level"], line["env"], line["msg"])
+        for line in map(json.loads, out.getvalue().splitlines())
+    }
+    assert warned["STATE_DIR"] == (
+        "warning",
+        "GPUSLICE_STATE_DIR",
+        "environment variable STATE_DIR is deprecated and will not be read after the next"
+        " release; set GPUSLICE_STATE_DIR instead",
+    )
+    assert warned["ENFORCER_SOCKET"][1] == "GPUSLICE_ENFORCER_SOCKET"

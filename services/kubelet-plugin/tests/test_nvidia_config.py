@@ -79,15 +79,19 @@ def test_every_field_of_nvidia_mps_maps_onto_our_limits() -> None:
     assert config.origin == "resource.nvidia.com/v1beta1 GpuConfig" and config.targets == "gpu"
 
 
-def test_nvidia_time_slicing_default_is_accepted_and_mig_time_slicing_too() -> None:
+def test_nvidia_time_slicing_is_accepted_and_mig_time_slicing_too() -> None:
     intervals: list[dict[str, Any]] = [
         {},
         {"timeSlicingConfig": {}},
         {"timeSlicingConfig": {"interval": "Default"}},
+        {"timeSlicingConfig": {"interval": "Short"}},
+        {"timeSlicingConfig": {"interval": "Medium"}},
+        {"timeSlicingConfig": {"interval": "Long"}},
     ]
     for interval in intervals:
         config = decode({**NV, "sharing": {"strategy": "TimeSlicing", **interval}})
         assert config.sharing.strategy == "TimeSlicing" and config.limits.cores is None
+        assert config.time_slice == (interval.get("timeSlicingConfig") or {}).get("interval")
     mig = decode({**NV_MIG, "sharing": {"strategy": "TimeSlicing"}})
     assert mig.targets == "mig" and mig.sharing.strategy == "TimeSlicing"
     assert decode(NV).sharing.strategy is None  # no sharing: the GPU is the claim's alone
@@ -96,14 +100,6 @@ def test_nvidia_time_slicing_default_is_accepted_and_mig_time_slicing_too() -> N
 @pytest.mark.parametrize(
     ("parameters", "message"),
     [
-        (
-            {
-                **NV,
-                "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
-            },
-            "sharing.timeSlicingConfig.interval: 'Long' cannot be honoured: gpuslice does not "
-            "change a GPU's compute time slice",
-        ),
         (
             {**NV, "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "X"}}},
             "sharing.timeSlicingConfig.interval: 'X' is not allowed",

@@ -23,21 +23,21 @@ def _restore_logging() -> Iterator[None]:
 
 
 FLAGS = {
-    "--node-name": "NODE_NAME",
+    "--node-name": "GPUSLICE_NODE_NAME or NODE_NAME",
     "--kubeconfig": "KUBECONFIG",
-    "--nvml": "NVML_BACKEND",
-    "--fake-nvml-config": "FAKE_NVML_CONFIG",
-    "--state-dir": "STATE_DIR",
-    "--socket": "MIG_MANAGER_SOCKET",
-    "--metrics-addr": "METRICS_ADDR",
-    "--health-addr": "HEALTH_ADDR",
-    "--config-file": "MIG_CONFIG_FILE",
-    "--config-map": "MIG_CONFIG_MAP",
-    "--dynamic-mig": "DYNAMIC_MIG",
-    "--reconcile-interval": "RECONCILE_INTERVAL",
-    "--retry-initial": "LAYOUT_RETRY_INITIAL",
-    "--retry-max": "LAYOUT_RETRY_MAX",
-    "--log-level": "LOG_LEVEL",
+    "--nvml": "GPUSLICE_NVML",
+    "--fake-nvml-config": "GPUSLICE_FAKE_NVML_CONFIG",
+    "--state-dir": "GPUSLICE_STATE_DIR",
+    "--socket": "GPUSLICE_SOCKET",
+    "--metrics-addr": "GPUSLICE_METRICS_ADDR",
+    "--health-addr": "GPUSLICE_HEALTH_ADDR",
+    "--config-file": "GPUSLICE_CONFIG_FILE",
+    "--config-map": "GPUSLICE_CONFIG_MAP",
+    "--dynamic-mig": "GPUSLICE_DYNAMIC_MIG",
+    "--reconcile-interval": "GPUSLICE_RECONCILE_INTERVAL",
+    "--retry-initial": "GPUSLICE_RETRY_INITIAL",
+    "--retry-max": "GPUSLICE_RETRY_MAX",
+    "--log-level": "GPUSLICE_LOG_LEVEL",
 }
 
 
@@ -48,9 +48,9 @@ def test_help_documents_every_flag_with_its_variable() -> None:
 
 
 def test_environment_variables_set_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("DYNAMIC_MIG", "true")
-    monkeypatch.setenv("RECONCILE_INTERVAL", "2.5")
-    monkeypatch.setenv("MIG_MANAGER_SOCKET", "/tmp/x.sock")
+    monkeypatch.setenv("GPUSLICE_DYNAMIC_MIG", "true")
+    monkeypatch.setenv("GPUSLICE_RECONCILE_INTERVAL", "2.5")
+    monkeypatch.setenv("GPUSLICE_SOCKET", "/tmp/x.sock")
     args = build_parser().parse_args([])
     assert (args.dynamic_mig, args.reconcile_interval, args.socket) == (True, 2.5, "/tmp/x.sock")
     assert build_parser().parse_args(["--no-dynamic-mig"]).dynamic_mig is False

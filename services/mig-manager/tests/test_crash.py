@@ -34,7 +34,15 @@ gpus:
     count: 2
     migEnabled: true
 """
-_SCRUB = ("NODE_NAME", "KUBECONFIG", "MIG_CONFIG_FILE", "MIG_CONFIG_MAP", "DYNAMIC_MIG", CRASH_ENV)
+_SCRUB = (
+    "NODE_NAME",
+    "GPUSLICE_NODE_NAME",
+    "KUBECONFIG",
+    "GPUSLICE_CONFIG_FILE",
+    "GPUSLICE_CONFIG_MAP",
+    "GPUSLICE_DYNAMIC_MIG",
+    CRASH_ENV,
+)
 
 
 class Proc(ServiceProcess):

@@ -90,6 +90,7 @@ class GpuConfig(_Strict):
     _origin: str = PrivateAttr(default=f"{API_VERSION} {KIND}")
     _targets: Literal["gpu", "mig"] | None = PrivateAttr(default=None)
     _device_memory: dict[str, int] = PrivateAttr(default_factory=dict)
+    _time_slice: nvconfig.TimeSlice | None = PrivateAttr(default=None)
     _field_names: dict[str, str] = PrivateAttr(
         default_factory=lambda: {"cores": "limits.cores", "memory": "limits.memory"}
     )
@@ -111,6 +112,12 @@ class GpuConfig(_Strict):
         config applies to or by its UUID (NVIDIA's ``defaultPerDevicePinnedMemoryLimit``)."""
         return dict(self._device_memory)
 
+    @property
+    def time_slice(self) -> nvconfig.TimeSlice | None:
+        """The GPU's compute time slice NVIDIA's ``timeSlicingConfig.interval`` asks for; None:
+        not asked (the GPU's is left as it is)."""
+        return self._time_slice
+
     def field_name(self, limit: str) -> str:
         """Where the user set the ``cores`` or ``memory`` limit, for messages."""
         return self._field_names[limit]
@@ -122,6 +129,7 @@ class GpuConfig(_Strict):
         config._origin = origin
         config._targets = mapped.targets
         config._device_memory = dict(mapped.device_memory)
+        config._time_slice = mapped.time_slice
         config._field_names = dict(mapped.field_names)
         return config
 

@@ -5,18 +5,20 @@
 
     sharing:
       strategy: TimeSlicing | MPS
-      timeSlicingConfig: {interval: Default}                 GpuConfig only
+      timeSlicingConfig: {interval: Default|Short|Medium|Long}   GpuConfig only -> time_slice
       mpsConfig:
         defaultActiveThreadPercentage: 50                    -> limits.cores
         defaultPinnedDeviceMemoryLimit: 10Gi                 -> limits.memory
         defaultPerDevicePinnedMemoryLimit: {"0": 4Gi}        -> that device's memory limit
         multiUser: false
 
-Every field of the versions NVIDIA ships is known. A field gpuslice cannot honour is refused by
-name with the reason, never dropped: a time-slice interval other than ``Default`` (NVML has no
-call that sets a GPU's compute time slice; NVIDIA's driver runs ``nvidia-smi compute-policy``),
-``multiUser: true`` (the enforcer's MPS daemons are multi-user or not for the whole node), and
-MPS on a MIG device (the enforcer shares whole GPUs; a MIG device is isolated by MIG).
+Every field of the versions NVIDIA ships is known. The time-slice interval is honoured as
+NVIDIA's driver honours it: the kubelet plugin sets the GPU's compute time slice at prepare
+(``nvidia-smi compute-policy --set-timeslice``, NVML has no call for it) and puts it back to
+``Default`` when the GPU's last such claim is unprepared (docs/nvidia-config.md). A field
+gpuslice cannot honour is refused by name with the reason, never dropped: ``multiUser: true``
+(the enforcer's MPS daemons are multi-user or not for the whole node), and MPS on a MIG device
+(the enforcer shares whole GPUs; a MIG device is isolated by MIG).
 This module knows only the shape of gpuslice's API (``Mapped.fields``), not its model.
 """
 
@@ -38,7 +40,7 @@ MPS = "sharing.mpsConfig"
 
 ALLOWED: dict[str, str] = {
     "sharing.strategy": "TimeSlicing, MPS",
-    "sharing.timeSlicingConfig.interval": "Default (gpuslice keeps the GPU's time slice)",
+    "sharing.timeSlicingConfig.interval": "Default, Short, Medium, Long",
     f"{MPS}.defaultActiveThreadPercentage": "an integer 1..100 (percent of the GPU's SMs)",
     f"{MPS}.defaultPinnedDeviceMemoryLimit": "a quantity of at least 1Mi, e.g. 10Gi",
     f"{MPS}.defaultPerDevicePinnedMemoryLimit": "device index or UUID: a quantity, e.g. 4Gi",
@@ -81,8 +83,12 @@ class MpsConfig(_Strict):
         return out
 
 
+TimeSlice = Literal["Default", "Short", "Medium", "Long"]
+TIME_SLICE = "sharing.timeSlicingConfig.interval"
+
+
 class TimeSlicingConfig(_Strict):
-    interval: Literal["Default", "Short", "Medium", "Long"] | None = None
+    interval: TimeSlice | None = None
 
 
 class GpuSharing(_Strict):
@@ -115,6 +121,7 @@ class Mapped:
     fields: dict[str, Any]  # gpuslice GpuConfig fields (sharing, limits), as a user writes them
     targets: Literal["gpu", "mig"]
     device_memory: Mapping[str, int] = field(default_factory=dict)
+    time_slice: TimeSlice | None = None  # timeSlicingConfig.interval: the GPU's time slice
     field_names: Mapping[str, str] = field(
         default_factory=lambda: {
             "cores": f"{MPS}.defaultActiveThreadPercentage",
@@ -158,15 +165,10 @@ def _gpu(config: NvidiaGpuConfig) -> Mapped:
     if sharing.strategy == "TimeSlicing":
         if sharing.mps_config is not None:
             raise _mismatch("sharing.mpsConfig", "TimeSlicing")
-        interval = sharing.time_slicing_config and sharing.time_slicing_config.interval
-        if interval not in (None, "Default"):
-            raise _refuse(
-                "sharing.timeSlicingConfig.interval",
-                shown(interval),
-                "gpuslice does not change a GPU's compute time slice (NVML has no call for "
-                "it; NVIDIA's driver runs nvidia-smi compute-policy --set-timeslice)",
-            )
-        return Mapped(fields={"sharing": {"strategy": "TimeSlicing"}}, targets="gpu")
+        interval = sharing.time_slicing_config.interval if sharing.time_slicing_config else None
+        return Mapped(
+            fields={"sharing": {"strategy": "TimeSlicing"}}, targets="gpu", time_slice=interval
+        )
     if sharing.time_slicing_config is not None:
         raise _mismatch("sharing.timeSlicingConfig", "MPS")
     limits, per_device = _mps(sharing.mps_config)

@@ -229,6 +229,23 @@ class DriverRoot:
                     break
         return [m for m in mounts if m.host_path]
 
+    def binary(self, name: str) -> Path | None:
+        """The driver's binary ``name`` (``nvidia-smi``) under the driver root, as this process
+        can run it; None where the root has none."""
+        for directory in BINARY_DIRS:
+            binary = self.path / directory / name
+            if binary.is_file() and os.access(binary, os.X_OK):
+                return binary
+        return None
+
+    def library_dir(self, name: str) -> Path | None:
+        """The directory under the driver root that holds library ``name`` (``libnvidia-ml.so``,
+        any version): what a driver binary run from there needs on ``LD_LIBRARY_PATH``."""
+        for directory in LIBRARY_DIRS:
+            if any((self.path / directory).glob(f"{name}.*")):
+                return self.path / directory
+        return None
+
     def _mount(self, found: Path) -> Mount:
         """``found`` at its own path in the container; a link mounts the file it names (a bind
         mount of a link would fail in the container, where its target may not exist)."""

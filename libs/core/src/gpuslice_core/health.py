@@ -2,8 +2,8 @@
 
 A probe that execs a command starts an interpreter in the container each time (0.5 to 1.8 s and
 48 to 78 MB on a loaded node); an HTTP GET costs the serving process a fraction of a millisecond.
-Every long-running node service serves both paths on ``--health-addr`` (``HEALTH_ADDR``; empty
-turns it off), a port of its own next to ``--metrics-addr``:
+Every long-running node service serves both paths on ``--health-addr``
+(``GPUSLICE_HEALTH_ADDR``; empty turns it off), a port of its own next to ``--metrics-addr``:
 
 - ``/healthz`` (liveness): the process's serving loop is alive — its gRPC server answers its
   own health check, its worker threads run. A failure restarts the container.

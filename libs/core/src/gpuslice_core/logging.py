@@ -38,6 +38,8 @@ from typing import Any, TextIO
 import structlog
 from structlog.typing import EventDict, Processor
 
+from gpuslice_core.cli import pop_deprecation_notices
+
 LEVELS = ("debug", "info", "warning", "error")
 FORMATS = ("json", "text")
 
@@ -212,6 +214,7 @@ def configure(
     ``log_format`` (json or text; ``json=False`` is text too) picks klog-style JSON lines or
     colourless key=value lines for a terminal. Safe to call more than once (tests do); the last
     call wins. Whoever passes a ``stream`` must stop the threads that log before closing it.
+    Writes a warning for each deprecated environment variable the flags were read from.
     """
     if level not in LEVELS:
         raise ValueError(f"log level {level!r} is not one of: {', '.join(LEVELS)}")
@@ -282,6 +285,12 @@ def configure(
     # client's debug lines carry request and response bodies).
     for name in ("urllib3", "kubernetes", "grpc", "filelock"):
         logging.getLogger(name).setLevel(max(numeric, logging.WARNING))
+    # The old environment variable names the flags were read from (gpuslice_core.cli): logged
+    # here because flags are parsed before logging exists, so each service gets them for free.
+    for notice in pop_deprecation_notices():
+        get_logger("gpuslice_core.cli").warning(
+            notice.message, deprecated_env=notice.old, env=notice.new
+        )
 
 
 def get_logger(name: str | None = None, **initial: Any) -> structlog.stdlib.BoundLogger:

@@ -46,28 +46,29 @@ def add_health_arguments(
     parser: EnvArgumentParser, *, recovery_help: str, quiet_help: str, ignored_help: str
 ) -> None:
     """``--health-recovery``, ``--xid-quiet-period``, ``--health-check-interval`` and
-    ``--ignored-xids`` (env HEALTH_RECOVERY, XID_QUIET_PERIOD, HEALTH_CHECK_INTERVAL,
-    IGNORED_XIDS), with the service's own words for what recovery and ignoring do."""
+    ``--ignored-xids`` (env GPUSLICE_HEALTH_RECOVERY, GPUSLICE_XID_QUIET_PERIOD,
+    GPUSLICE_HEALTH_CHECK_INTERVAL, GPUSLICE_IGNORED_XIDS), with the service's own words for
+    what recovery and ignoring do."""
     parser.add_bool_flag(
-        "--health-recovery", env="HEALTH_RECOVERY", default=True, help=recovery_help
+        "--health-recovery", deprecated=["HEALTH_RECOVERY"], default=True, help=recovery_help
     )
     parser.add_flag(
         "--xid-quiet-period",
-        env="XID_QUIET_PERIOD",
+        deprecated=["XID_QUIET_PERIOD"],
         type=positive_seconds,
         default=300.0,
         help=quiet_help,
     )
     parser.add_flag(
         "--health-check-interval",
-        env="HEALTH_CHECK_INTERVAL",
+        deprecated=["HEALTH_CHECK_INTERVAL"],
         type=positive_seconds,
         default=10.0,
         help="Seconds between recovery checks of unhealthy GPUs.",
     )
     parser.add_flag(
         "--ignored-xids",
-        env="IGNORED_XIDS",
+        deprecated=["IGNORED_XIDS"],
         type=parse_xids,
         default=",".join(str(x) for x in sorted(APP_XIDS)),
         help=ignored_help,

@@ -224,6 +224,14 @@ class Nvml(Protocol):
         survive a driver reload or a reboot."""
         ...
 
+    def set_compute_time_slice(self, gpu: int, level: int) -> None:
+        """Set how long each process's work runs on the GPU before the next one's when they
+        time-share it: 0 default, 1 short, 2 medium, 3 long (:data:`~gpuslice_nvml.types.
+        TIME_SLICES`). NVML has no call for it: ``nvidia-smi compute-policy -i <UUID>
+        --set-timeslice=<level>`` (root), as NVIDIA's DRA driver runs it. It does not survive
+        a driver reload or a reboot."""
+        ...
+
     # -- memory partitioning (driver 615+) ------------------------------------------------
     def set_memory_limits(self, gpu: int, namespace: str, soft_limit: int, hard_limit: int) -> None:
         """Limit the device memory of the processes of one cgroup on a GPU

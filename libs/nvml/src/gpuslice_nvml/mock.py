@@ -32,6 +32,7 @@ from gpuslice_core.errors import GpusliceError
 from gpuslice_nvml.fake.node import FakeGpu, FakeNode, load_node
 from gpuslice_nvml.fake.state import SCHEMA_VERSION, StateStore
 from gpuslice_nvml.real.calls import ADDRESSING_MODES, ARCHITECTURES, BRANDS, cores_per_sm
+from gpuslice_nvml.types import FAKE_NVML_CONFIG_ENV
 
 FORMAT_VERSION = 1
 #: The variable the C library reads at ``nvmlInit`` to find its node file.
@@ -173,7 +174,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_flag(
         "--config",
-        env="FAKE_NVML_CONFIG",
+        env=FAKE_NVML_CONFIG_ENV,
+        deprecated=["FAKE_NVML_CONFIG"],
         required=True,
         help="Path of the fake node's YAML config, the same one the fake and fake.ctl use.",
     )

@@ -18,16 +18,13 @@ from gpuslice_nvml.interface import Nvml
 BACKENDS = ("real", "fake")
 
 
-DRIVER_ROOT_ENV = "GPUSLICE_DRIVER_ROOT"
-
-
 def add_nvml_arguments(parser: EnvArgumentParser) -> None:
-    """Add ``--nvml`` (env ``NVML_BACKEND``), ``--fake-nvml-config`` (env
-    ``FAKE_NVML_CONFIG``) and ``--driver-root`` (env ``GPUSLICE_DRIVER_ROOT``) to a service's
-    parser."""
+    """Add ``--nvml`` (env ``GPUSLICE_NVML``), ``--fake-nvml-config`` (env
+    ``GPUSLICE_FAKE_NVML_CONFIG``) and ``--driver-root`` (env ``GPUSLICE_DRIVER_ROOT``, or
+    NVIDIA's ``NVIDIA_DRIVER_ROOT``) to a service's parser."""
     parser.add_flag(
         "--nvml",
-        env="NVML_BACKEND",
+        deprecated=["NVML_BACKEND"],
         default="real",
         choices=BACKENDS,
         help=(
@@ -37,13 +34,13 @@ def add_nvml_arguments(parser: EnvArgumentParser) -> None:
     )
     parser.add_flag(
         "--fake-nvml-config",
-        env="FAKE_NVML_CONFIG",
+        deprecated=["FAKE_NVML_CONFIG"],
         default=None,
         help="Path of the fake node's YAML config; required with --nvml=fake, ignored otherwise.",
     )
     parser.add_flag(
         "--driver-root",
-        env=DRIVER_ROOT_ENV,
+        aliases=["NVIDIA_DRIVER_ROOT"],
         type=Path,
         default=Path("/"),
         help=(
@@ -60,7 +57,8 @@ def add_nvml_arguments(parser: EnvArgumentParser) -> None:
 def open_nvml(
     backend: str, fake_config: str | Path | None = None, driver_root: Path | None = None
 ) -> Nvml:
-    """Open the named backend (``driver_root``: where the real one finds libnvidia-ml).
+    """Open the named backend (``driver_root``: where the real one finds libnvidia-ml and the
+    ``nvidia-smi`` it runs where NVML has no call).
 
     Raises ``InvalidArgumentError`` for an unknown backend or ``fake`` without a config,
     ``FakeConfigError`` for a bad config, and the mapped ``NvmlError`` (e.g.
@@ -73,7 +71,7 @@ def open_nvml(
     if backend == "fake":
         if not fake_config:
             raise InvalidArgumentError(
-                "--nvml=fake needs --fake-nvml-config (env FAKE_NVML_CONFIG): "
+                "--nvml=fake needs --fake-nvml-config (env GPUSLICE_FAKE_NVML_CONFIG): "
                 "the path of the fake node's YAML config"
             )
         from gpuslice_nvml.fake import FakeNvml

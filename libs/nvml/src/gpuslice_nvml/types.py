@@ -10,6 +10,15 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+#: The environment variable that names the fake node's YAML config: read by ``--fake-nvml-config``
+#: and by the fake's tools (fake.ctl, fake.workload, mock, the MPS stand-in, the fake nvidia-smi).
+FAKE_NVML_CONFIG_ENV = "GPUSLICE_FAKE_NVML_CONFIG"
+
+#: A GPU's compute time slice as ``nvidia-smi compute-policy --set-timeslice`` takes it, by the
+#: names NVIDIA's DRA driver gives them (its ``timeSlicingConfig.interval``).
+TIME_SLICES: dict[str, int] = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
+
+
 MIB = 1024 * 1024
 GIB = 1024 * MIB
 

@@ -42,7 +42,7 @@ def daemon(config: Path) -> Iterator[Path]:
             "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
             "CUDA_MPS_LOG_DIRECTORY": str(pipe / "log"),
             "CUDA_VISIBLE_DEVICES": gpu0,
-            "FAKE_NVML_CONFIG": str(config),
+            "GPUSLICE_FAKE_NVML_CONFIG": str(config),
         }
         proc = subprocess.Popen([*mps_control.COMMAND, "-f"], env=env)
         try:

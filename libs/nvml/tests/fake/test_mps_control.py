@@ -37,7 +37,7 @@ def _env(config: Path, pipe: Path) -> dict[str, str]:
         **os.environ,
         "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
         "CUDA_MPS_LOG_DIRECTORY": str(pipe / "log"),
-        "FAKE_NVML_CONFIG": str(config),
+        "GPUSLICE_FAKE_NVML_CONFIG": str(config),
     }
 
 

@@ -1,12 +1,15 @@
 """A stand-in ``nvidia-smi`` for services on the mock libnvidia-ml: ``--gpu-reset -i <bus id>``
-(``gpuslice_nvml.fake.smi``), launched from a shim on the service's ``PATH``.
+and ``compute-policy -i <UUID> --set-timeslice=<0..3>`` (``gpuslice_nvml.fake.smi``), launched
+from a shim on the service's ``PATH``.
 
 NVML has no reset call; the real backend's ``reset_gpu`` runs ``nvidia-smi --gpu-reset -i
 <bus id>`` (as NVIDIA's mig-parted does), which is how a pending MIG mode takes effect. On the
 mock's node there is no nvidia-smi, so ``nvml_env("mock", config)`` puts this one first on the
 service's ``PATH``: it resets the GPU of that bus id in the fake node's state with the fake's own
 ``reset_gpu`` (the pending MIG mode becomes current; IN_USE while processes run), so both front
-ends see the reset. Only the reset is implemented; any other use exits 2 and says so.
+ends see the reset. The time slice the real backend sets with ``compute-policy`` (NVML has no
+call for it) goes to the fake's state the same way (``FakeNvmlControl.state()`` shows it).
+Nothing else is implemented; any other use exits 2 and says so.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gpuslice_nvml.fake import smi
+from gpuslice_nvml.types import FAKE_NVML_CONFIG_ENV
 
-CONFIG_ENV = "GPUSLICE_FAKE_NVML_CONFIG"
+CONFIG_ENV = FAKE_NVML_CONFIG_ENV
 """The fake node's YAML config, set by ``nvml_env`` next to the mock's own variable."""
 
 

@@ -55,7 +55,8 @@ def mock_library_dir() -> Path:
 def mock_nvml_env(config: Path) -> dict[str, str]:
     """What to add to a service's environment so its real NVML backend is the mock on the fake
     node of ``config`` (the node file is written, the state created if missing), with the
-    stand-in ``nvidia-smi`` (``gpuslice_testkit.nvidia_smi``) first on ``PATH`` for GPU resets."""
+    stand-in ``nvidia-smi`` (``gpuslice_testkit.nvidia_smi``) first on ``PATH`` for GPU resets
+    and time slices."""
     path = os.pathsep.join(
         p for p in (str(mock_library_dir()), os.environ.get("LD_LIBRARY_PATH", "")) if p
     )
@@ -64,7 +65,7 @@ def mock_nvml_env(config: Path) -> dict[str, str]:
     return {
         "LD_LIBRARY_PATH": path,
         **env,
-        # the real backend resets a GPU with nvidia-smi: the stand-in, on this node
+        # the real backend resets a GPU and sets its time slice with nvidia-smi: the stand-in
         "PATH": os.pathsep.join((str(shim.parent), os.environ.get("PATH", os.defpath))),
         nvidia_smi.CONFIG_ENV: str(Path(config).resolve()),
     }
@@ -105,7 +106,8 @@ STAND_IN_LIBRARIES = ("libcuda.so", "libnvidia-ptxjitcompiler.so")
 STAND_IN_BINARIES = ("nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
 #: The fake node's config inside the root, for the stand-in nvidia-smi (relative to the root).
 CONFIG_IN_ROOT = "usr/share/gpuslice/fake-nvml.yaml"
-#: ``usr/bin/nvidia-smi``: resets a GPU of the fake node (gpuslice_nvml.fake.smi), finding the
+#: ``usr/bin/nvidia-smi``: resets a GPU of the fake node and sets its compute time slice
+#: (gpuslice_nvml.fake.smi), finding the
 #: config from its own path, so it works wherever the root is mounted; a service image that
 #: opens NVML has python3 and gpuslice_nvml on its PATH.
 NVIDIA_SMI = f"""#!/usr/bin/env python3
@@ -154,7 +156,8 @@ def write_driver_root(
     ``mknod``: root only; containerd's CDI refuses a regular file); ``proc/devices`` and
     ``proc/driver/nvidia/capabilities`` as the driver lists them (for a kubelet plugin given
     ``--proc-root=<root>/proc``); ``usr/bin/nvidia-smi``, a stand-in that resets a GPU of the
-    fake node (how a pending MIG mode takes effect), with the node's config in
+    fake node (how a pending MIG mode takes effect) and sets its compute time slice
+    (``compute-policy``), with the node's config in
     ``usr/share/gpuslice``; empty stand-ins for the other libraries and binaries CDI specs
     mount. Re-running it on the same root replaces the files."""
     # the node is the config as given, named and with its state in state_dir, kept in the

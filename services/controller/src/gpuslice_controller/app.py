@@ -29,6 +29,7 @@ from prometheus_client import REGISTRY
 
 from gpuslice_api.names import DRIVER
 from gpuslice_controller import __version__
+from gpuslice_controller.admission.dialects import Dialects
 from gpuslice_controller.admission.inventory import GpuInventory
 from gpuslice_controller.admission.mutate import PodTranslator
 from gpuslice_controller.admission.translate import ClusterFacts
@@ -97,6 +98,7 @@ class ControllerApp:
             facts=lambda: ClusterFacts(self.inventory.gpu_memory_sizes()),
             driver=DRIVER,
             device_class=s.gpu_device_classes[0],
+            dialects=Dialects.of(s.hami),
         )
         self.claim_nodes = (
             ClaimNodeLabels(raw, version=self.version) if s.claim_node_labels else None

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from gpuslice_api.names import GPU_CLASS, MIG_CLASS
 from gpuslice_controller import __version__
+from gpuslice_controller.admission.dialects import Dialects, HamiNames
 from gpuslice_core.cli import EnvArgumentParser, add_log_flags, positive_seconds, seconds_or_off
 from gpuslice_core.logging import configure, get_logger
 from gpuslice_view.live import NODE_SELECTOR
@@ -72,8 +73,13 @@ class Settings:
     resource_api: str
     log_level: str
     log_format: str = "json"
+    hami: HamiNames = HamiNames()  # noqa: RUF009 - frozen, never mutated
 
     def __post_init__(self) -> None:
+        try:
+            Dialects.of(self.hami)
+        except ValueError as exc:  # a renamed HAMi resource that another dialect owns
+            raise ValueError(f"--hami-resource-*: {exc}") from None
         if self.manage_certificates and not self.cert_hosts:
             raise ValueError(
                 "--manage-certificates needs --cert-hosts (the names the API server calls)"
@@ -113,6 +119,16 @@ def settings_from(args: argparse.Namespace) -> Settings:
         resource_api=args.resource_api,
         log_level=args.log_level,
         log_format=args.log_format,
+        hami=HamiNames(
+            resource_name=args.hami_resource_name,
+            resource_mem=args.hami_resource_mem,
+            resource_mem_percentage=args.hami_resource_mem_percentage,
+            resource_cores=args.hami_resource_cores,
+            resource_priority=args.hami_resource_priority,
+            default_mem=args.hami_default_mem,
+            default_cores=args.hami_default_cores,
+            default_gpu_num=args.hami_default_gpu_num,
+        ),
     )
 
 
@@ -134,13 +150,13 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_flag(
         "--namespace",
-        env="POD_NAMESPACE",
+        deprecated=["POD_NAMESPACE"],
         default="gpuslice",
         help="Namespace of the controller's Lease and of the Secret with its certificates.",
     )
     p.add_flag(
         "--identity",
-        env="POD_NAME",
+        deprecated=["POD_NAME"],
         default="",
         help=(
             "This replica's name in the Lease (the pod name in the chart); the host name and"
@@ -149,19 +165,19 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_flag(
         "--webhook-addr",
-        env="WEBHOOK_ADDR",
-        default="0.0.0.0:9443",
+        deprecated=["WEBHOOK_ADDR"],
+        default=":9443",
         help="host:port of the HTTPS server for the webhooks (/validate, /mutate) and probes.",
     )
     p.add_flag(
         "--metrics-addr",
-        env="METRICS_ADDR",
-        default="0.0.0.0:9090",
+        deprecated=["METRICS_ADDR"],
+        default=":9090",
         help="host:port of the Prometheus metrics endpoint (/metrics); empty turns it off.",
     )
     p.add_flag(
         "--tls-secret",
-        env="TLS_SECRET",
+        deprecated=["TLS_SECRET"],
         default="gpuslice-controller-tls",
         help=(
             "Secret (in --namespace) with the webhook's certificate: tls.crt, tls.key and"
@@ -171,7 +187,7 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_bool_flag(
         "--manage-certificates",
-        env="MANAGE_CERTIFICATES",
+        deprecated=["MANAGE_CERTIFICATES"],
         default=True,
         help=(
             "Generate a private CA and serving certificate into --tls-secret, renew them before"
@@ -181,7 +197,7 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_flag(
         "--cert-hosts",
-        env="CERT_HOSTS",
+        deprecated=["CERT_HOSTS"],
         type=names,
         default=(),
         help=(
@@ -192,60 +208,60 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_flag(
         "--cert-dir",
-        env="CERT_DIR",
+        deprecated=["CERT_DIR"],
         default="/run/gpuslice-controller/certs",
         help="Private directory where the serving certificate is written for the TLS stack.",
     )
     p.add_flag(
         "--ca-validity",
-        env="CA_VALIDITY",
+        deprecated=["CA_VALIDITY"],
         type=duration,
         default=duration("87600h"),
         help="Lifetime of a generated CA (d, h, m, s); it is replaced with a third left.",
     )
     p.add_flag(
         "--cert-validity",
-        env="CERT_VALIDITY",
+        deprecated=["CERT_VALIDITY"],
         type=duration,
         default=duration("8760h"),
         help="Lifetime of a generated serving certificate; it is renewed with a third left.",
     )
     p.add_flag(
         "--cert-check-interval",
-        env="CERT_CHECK_INTERVAL",
+        deprecated=["CERT_CHECK_INTERVAL"],
         type=positive_seconds,
         default=3600.0,
         help="Seconds between the leader's checks of the certificates and the CA bundles.",
     )
     p.add_flag(
         "--validating-webhooks",
-        env="VALIDATING_WEBHOOKS",
+        deprecated=["VALIDATING_WEBHOOKS"],
         type=names,
         default=("gpuslice-controller",),
         help="Comma-separated ValidatingWebhookConfigurations whose caBundle the leader keeps.",
     )
     p.add_flag(
         "--mutating-webhooks",
-        env="MUTATING_WEBHOOKS",
+        deprecated=["MUTATING_WEBHOOKS"],
         type=names,
         default=("gpuslice-controller",),
         help="Comma-separated MutatingWebhookConfigurations whose caBundle the leader keeps.",
     )
     p.add_bool_flag(
         "--leader-elect",
-        env="LEADER_ELECT",
+        deprecated=["LEADER_ELECT"],
         default=True,
         help="Take part in leader election; without it this replica always acts as the leader.",
     )
     p.add_flag(
         "--lease-name",
-        env="LEASE_NAME",
+        deprecated=["LEASE_NAME"],
         default="gpuslice-controller",
         help="Name of the coordination.k8s.io Lease (in --namespace) the replicas compete for.",
     )
     p.add_bool_flag(
         "--cluster-view",
-        env="CLUSTER_VIEW",
+        deprecated=["CLUSTER_VIEW"],
         default=True,
         help=(
             "Hold the cluster view of every GPU (watches of ResourceSlices, ResourceClaims,"
@@ -255,7 +271,7 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_bool_flag(
         "--claim-node-labels",
-        env="CLAIM_NODE_LABELS",
+        deprecated=["CLAIM_NODE_LABELS"],
         default=True,
         help=(
             "On the leader, label every allocated ResourceClaim of this driver with its node"
@@ -265,7 +281,7 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_flag(
         "--view-auth-ttl",
-        env="VIEW_AUTH_TTL",
+        deprecated=["VIEW_AUTH_TTL"],
         type=positive_seconds,
         default=10.0,
         help=(
@@ -275,7 +291,7 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_flag(
         "--live-usage-interval",
-        env="LIVE_USAGE_INTERVAL",
+        deprecated=["LIVE_USAGE_INTERVAL"],
         type=seconds_or_off,
         default=15.0,
         help=(
@@ -285,20 +301,20 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_flag(
         "--live-usage-timeout",
-        env="LIVE_USAGE_TIMEOUT",
+        deprecated=["LIVE_USAGE_TIMEOUT"],
         type=positive_seconds,
         default=2.0,
         help="Seconds one enforcer may take to answer before its node's usage shows as unknown.",
     )
     p.add_flag(
         "--enforcer-namespace",
-        env="ENFORCER_NAMESPACE",
+        deprecated=["ENFORCER_NAMESPACE"],
         default="",
         help="Namespace of the node pods whose enforcers are scraped; --namespace when empty.",
     )
     p.add_flag(
         "--enforcer-selector",
-        env="ENFORCER_SELECTOR",
+        deprecated=["ENFORCER_SELECTOR"],
         default=NODE_SELECTOR,
         help=(
             "Label selector of the node pods; each is scraped at its pod IP on the container"
@@ -307,7 +323,7 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_flag(
         "--event-interval",
-        env="EVENT_INTERVAL",
+        deprecated=["EVENT_INTERVAL"],
         type=positive_seconds,
         default=60.0,
         help=(
@@ -317,21 +333,21 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_flag(
         "--gpu-device-classes",
-        env="GPU_DEVICE_CLASSES",
+        deprecated=["GPU_DEVICE_CLASSES"],
         type=names,
         default=(GPU_CLASS,),
         help="Comma-separated DeviceClasses that select the driver's whole (shareable) GPUs.",
     )
     p.add_flag(
         "--mig-device-classes",
-        env="MIG_DEVICE_CLASSES",
+        deprecated=["MIG_DEVICE_CLASSES"],
         type=names,
         default=(MIG_CLASS,),
         help="Comma-separated DeviceClasses that select the driver's MIG devices.",
     )
     p.add_flag(
         "--resource-api",
-        env="RESOURCE_API",
+        deprecated=["RESOURCE_API"],
         default="auto",
         choices=("auto", "v1", "v1beta2", "v1beta1"),
         help=(
@@ -339,8 +355,54 @@ def build_parser() -> EnvArgumentParser:
             " makes; auto picks the newest the API server serves."
         ),
     )
+    _add_hami_flags(p)
     add_log_flags(p)
     return p
+
+
+def _add_hami_flags(p: EnvArgumentParser) -> None:
+    """HAMi's chart values that rename its resources and set its defaults, one flag each, so a
+    renamed HAMi install is translated (controller.webhook.pods.hami in the chart)."""
+    default = HamiNames()
+    for value, resource, what in (
+        ("resourceName", "resource-name", "the number of vGPUs"),
+        ("resourceMem", "resource-mem", "MiB of memory per vGPU"),
+        ("resourceMemPercentage", "resource-mem-percentage", "percent of each GPU's memory"),
+        ("resourceCores", "resource-cores", "percent of each GPU's SMs"),
+        ("resourcePriority", "resource-priority", "the task priority (removed, with a warning)"),
+    ):
+        p.add_flag(
+            f"--hami-{resource}",
+            default=getattr(default, resource.replace("-", "_")),
+            help=f"HAMi's {value}: the extended resource for {what}.",
+        )
+    p.add_flag(
+        "--hami-default-mem",
+        type=int,
+        default=default.default_mem,
+        help=(
+            "HAMi's defaultMem: MiB per vGPU for a HAMi container that names neither memory"
+            " resource; 0 gives it all of each GPU's memory."
+        ),
+    )
+    p.add_flag(
+        "--hami-default-cores",
+        type=int,
+        default=default.default_cores,
+        help=(
+            "HAMi's defaultCores: percent of the SMs for a HAMi container that names no cores;"
+            " 0 sets no limit."
+        ),
+    )
+    p.add_flag(
+        "--hami-default-gpu-num",
+        type=int,
+        default=default.default_gpu_num,
+        help=(
+            "HAMi's defaultGPUNum: vGPUs for a HAMi container that asks for memory or cores"
+            " without a count."
+        ),
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

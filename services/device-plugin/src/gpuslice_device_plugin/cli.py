@@ -1,9 +1,10 @@
 """``gpuslice-device-plugin``: flags (each with an environment variable) and the entry point.
 
-Flags that NVIDIA's plugin also has keep its names and variables (``--mig-strategy`` /
-``MIG_STRATEGY``, ``--device-list-strategy`` / ``DEVICE_LIST_STRATEGY``, ...). Those have no
-default of their own: unset, the config file's value applies, else the built-in default that
-the help text names.
+Flags that NVIDIA's plugin also has keep its names, and its variables are read as aliases of
+ours (``--mig-strategy`` / ``GPUSLICE_MIG_STRATEGY`` or ``MIG_STRATEGY``, ``--device-list-strategy``
+/ ``GPUSLICE_DEVICE_LIST_STRATEGY`` or ``DEVICE_LIST_STRATEGY``, ...), so a manifest written for
+NVIDIA's plugin keeps working. Those have no default of their own: unset, the config file's value
+applies, else the built-in default that the help text names.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def build_parser() -> EnvArgumentParser:
     add_nvml_arguments(p)
     p.add_flag(
         "--node-name",
-        env="NODE_NAME",
+        aliases=["NODE_NAME"],
         help=(
             "Name of this node: the mode check, the config label and the sharing labels are"
             " read from and written to this Node (needed unless --mode-check is false and no"
@@ -77,7 +78,7 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_flag(
         "--mode-check",
-        env="MODE_CHECK",
+        deprecated=["MODE_CHECK"],
         type=_bool,
         default=True,
         help=(
@@ -88,7 +89,7 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_flag(
         "--device-plugins-dir",
-        env="DEVICE_PLUGINS_DIR",
+        deprecated=["DEVICE_PLUGINS_DIR"],
         default=DEFAULT_DIR,
         help=(
             "The kubelet's device-plugins directory, an absolute path: kubelet.sock is there,"
@@ -97,7 +98,7 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_flag(
         "--config-file",
-        env="CONFIG_FILE",
+        aliases=["CONFIG_FILE"],
         help=(
             "Path of a config file in NVIDIA's version v1 format (flags, sharing.timeSlicing);"
             " a key this plugin does not support stops start-up with a message naming it."
@@ -105,7 +106,7 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_flag(
         "--config-dir",
-        env="CONFIG_DIR",
+        deprecated=["CONFIG_DIR"],
         help=(
             "Directory of named config files (a ConfigMap mounted as a volume, one key per"
             " config); the node label --config-label picks one, else --default-config, else the"
@@ -114,13 +115,13 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_flag(
         "--config-label",
-        env="CONFIG_NODE_LABEL",
+        deprecated=["CONFIG_NODE_LABEL"],
         default=CONFIG_LABEL,
         help="Node label whose value names this node's config in --config-dir.",
     )
     p.add_flag(
         "--default-config",
-        env="DEFAULT_CONFIG",
+        deprecated=["DEFAULT_CONFIG"],
         help=(
             "Name of the config in --config-dir for nodes without the --config-label label;"
             " empty: the only config when there is one, else an error."
@@ -128,7 +129,7 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_flag(
         "--config-poll-interval",
-        env="CONFIG_POLL_INTERVAL",
+        deprecated=["CONFIG_POLL_INTERVAL"],
         type=seconds_or_off,
         default=2.0,
         help=(
@@ -139,7 +140,7 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_flag(
         "--enforcer-socket",
-        env="ENFORCER_SOCKET",
+        deprecated=["ENFORCER_SOCKET"],
         help=(
             "Unix socket of the gpuslice enforcer (gpuslice.v1.Enforcer); needed by"
             " sharing.mps, whose replicas it enforces as equal shares of cores and memory."
@@ -147,7 +148,7 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_flag(
         "--cdi-root",
-        env="CDI_ROOT",
+        deprecated=["CDI_ROOT"],
         default="/var/run/cdi",
         help=(
             "Directory where the plugin writes its CDI specs: the GPUs and MIG devices for the"
@@ -157,7 +158,7 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_flag(
         "--cdi-spec",
-        env="CDI_SPEC",
+        deprecated=["CDI_SPEC"],
         default="gpuslice",
         choices=SPEC_MODES,
         help=(
@@ -169,13 +170,13 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_flag(
         "--mig-strategy",
-        env="MIG_STRATEGY",
+        aliases=["MIG_STRATEGY"],
         choices=MIG_STRATEGIES,
         help="How MIG devices are advertised: none, single or mixed (default: none).",
     )
     p.add_flag(
         "--fail-on-init-error",
-        env="FAIL_ON_INIT_ERROR",
+        aliases=["FAIL_ON_INIT_ERROR"],
         type=_bool,
         help=(
             "Exit when NVML or device discovery fails (default: true); false waits without"
@@ -184,7 +185,7 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_flag(
         "--device-list-strategy",
-        env="DEVICE_LIST_STRATEGY",
+        aliases=["DEVICE_LIST_STRATEGY"],
         help=(
             "How Allocate hands devices to containers: envvar, volume-mounts, cdi-annotations"
             " or cdi-cri, several separated by commas (default: envvar)."
@@ -192,19 +193,19 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_flag(
         "--device-id-strategy",
-        env="DEVICE_ID_STRATEGY",
+        aliases=["DEVICE_ID_STRATEGY"],
         choices=ID_STRATEGIES,
         help="Device IDs are GPU/MIG UUIDs (uuid) or indexes (index) (default: uuid).",
     )
     p.add_flag(
         "--pass-device-specs",
-        env="PASS_DEVICE_SPECS",
+        aliases=["PASS_DEVICE_SPECS"],
         type=_bool,
         help="Return the /dev/nvidia* device nodes in Allocate (default: false).",
     )
     p.add_flag(
         "--shared-allocation-policy",
-        env="SHARED_ALLOCATION_POLICY",
+        deprecated=["SHARED_ALLOCATION_POLICY"],
         default="distributed",
         choices=("distributed", "packed"),
         help=(
@@ -220,13 +221,13 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_flag(
         "--metrics-addr",
-        env="METRICS_ADDR",
+        deprecated=["METRICS_ADDR"],
         default=":9404",
         help="HOST:PORT of the Prometheus /metrics endpoint; an empty value turns it off.",
     )
     p.add_flag(
         "--health-addr",
-        env="HEALTH_ADDR",
+        deprecated=["HEALTH_ADDR"],
         default=":9414",
         help=(
             "HOST:PORT of /healthz (the plugin's kubelet watch runs) and /readyz (every resource's"
@@ -235,7 +236,7 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_flag(
         "--pod-resources-socket",
-        env="POD_RESOURCES_SOCKET",
+        deprecated=["POD_RESOURCES_SOCKET"],
         default=DEFAULT_POD_RESOURCES_SOCKET,
         help=(
             "The kubelet's pod resources socket (<kubelet root>/pod-resources/kubelet.sock):"
@@ -256,7 +257,7 @@ def _node(args: CommandLine) -> KubeNode | None:
     if not args.node_name:
         if args.mode_check or args.config_dir:
             why = "the mode check (--mode-check)" if args.mode_check else "--config-dir"
-            raise ConfigError(f"--node-name (NODE_NAME) is needed for {why}")
+            raise ConfigError(f"--node-name (GPUSLICE_NODE_NAME) is needed for {why}")
         return None
     from gpuslice_kube.client import new_api_client
     from gpuslice_kube.raw import RawApi

@@ -54,7 +54,7 @@ UNSUPPORTED: dict[tuple[str, ...], str] = {
     ),
     ("flags", "plugin", "containerDriverRoot"): "the container driver root is not configurable",
     ("flags", "plugin", "sharedDevicesAllocationPolicy"): (
-        "use --shared-allocation-policy (SHARED_ALLOCATION_POLICY) instead"
+        "use --shared-allocation-policy (GPUSLICE_SHARED_ALLOCATION_POLICY) instead"
     ),
     ("sharing", "timeSlicing", "resources", "*", "rename"): (
         "per-resource rename is not supported; use renameByDefault"
@@ -340,7 +340,7 @@ def select_config(
     else:
         raise ConfigError(
             f"--config-dir {directory}: the node has no label {label} and there is no"
-            f" --default-config (DEFAULT_CONFIG) to fall back to; {available}"
+            f" --default-config (GPUSLICE_DEFAULT_CONFIG) to fall back to; {available}"
         )
     if name not in names:
         raise ConfigError(f"{why}: no config named {name!r} in {directory}; {available}")

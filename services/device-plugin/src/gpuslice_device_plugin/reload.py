@@ -72,7 +72,7 @@ def load_settings(args: CommandLine, labels: dict[str, str] | None) -> Settings:
     if settings.mps.resources and not args.enforcer_socket:
         raise ConfigError(
             "sharing.mps needs the gpuslice enforcer, which holds the replicas' limits:"
-            " set --enforcer-socket (ENFORCER_SOCKET)"
+            " set --enforcer-socket (GPUSLICE_ENFORCER_SOCKET)"
         )
     return settings
 

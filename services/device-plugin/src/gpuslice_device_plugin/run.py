@@ -53,7 +53,7 @@ def _mps_shares(
     if not any(r.sharing == "mps" for r in resources):
         return {}
     if not args.enforcer_socket:  # load_settings refuses sharing.mps without it
-        raise ConfigError("sharing.mps needs --enforcer-socket (ENFORCER_SOCKET)")
+        raise ConfigError("sharing.mps needs --enforcer-socket (GPUSLICE_ENFORCER_SOCKET)")
     visibility = {
         d.id: container_response(
             r,

@@ -26,6 +26,7 @@ from gpuslice_enforcer.config import (
     EnforcerConfig,
 )
 from gpuslice_nvml import add_nvml_arguments
+from gpuslice_nvml.types import FAKE_NVML_CONFIG_ENV
 
 COMPONENT = "enforcer"
 
@@ -60,47 +61,49 @@ def build_parser() -> EnvArgumentParser:
         ),
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    p.add_flag("--node-name", env="NODE_NAME", default="", help="Name of this node, for logs.")
+    p.add_flag(
+        "--node-name", aliases=["NODE_NAME"], default="", help="Name of this node, for logs."
+    )
     p.add_flag(
         "--socket",
-        env="ENFORCER_SOCKET",
+        deprecated=["ENFORCER_SOCKET"],
         default="/var/run/gpuslice/enforcer.sock",
         help="Unix socket to serve the Enforcer API on (shared with the kubelet plugin).",
     )
     p.add_flag(
         "--hook-socket",
-        env="ENFORCER_HOOK_SOCKET",
+        deprecated=["ENFORCER_HOOK_SOCKET"],
         default="",
         help="The same socket's path as the host sees it, for the CDI hook (default: --socket).",
     )
     p.add_flag(
         "--hook-path",
-        env="ENFORCER_HOOK_PATH",
+        deprecated=["ENFORCER_HOOK_PATH"],
         default="/var/lib/gpuslice/hook/bin/gpuslice-enforcer-hook",
         help="Host path of gpuslice-enforcer-hook, put into container edits; empty disables hooks.",
     )
     p.add_flag(
         "--hook-timeout",
-        env="ENFORCER_HOOK_TIMEOUT",
+        deprecated=["ENFORCER_HOOK_TIMEOUT"],
         type=int,
         default=10,
         help="Seconds the CDI hook may wait for the limits to be in force.",
     )
     p.add_flag(
         "--state-dir",
-        env="STATE_DIR",
+        deprecated=["STATE_DIR"],
         default="/var/lib/gpuslice/enforcer",
         help="Directory of the enforcer's checkpoint.",
     )
     p.add_flag(
         "--metrics-addr",
-        env="METRICS_ADDR",
+        deprecated=["METRICS_ADDR"],
         default=":9402",
         help="HOST:PORT to serve Prometheus metrics on; empty disables them.",
     )
     p.add_flag(
         "--health-addr",
-        env="HEALTH_ADDR",
+        deprecated=["HEALTH_ADDR"],
         default=":9412",
         help="HOST:PORT of /healthz (the gRPC socket answers, the watchdog runs) and /readyz "
         "(the socket's health service is SERVING) for httpGet probes; empty disables them.",
@@ -108,49 +111,49 @@ def build_parser() -> EnvArgumentParser:
     add_log_flags(p)
     p.add_flag(
         "--sample-interval",
-        env="ENFORCER_SAMPLE_INTERVAL",
+        deprecated=["ENFORCER_SAMPLE_INTERVAL"],
         type=float,
         default=0.1,
         help="Seconds between two watchdog samples of per-process memory and SM use.",
     )
     p.add_flag(
         "--memory-action",
-        env="ENFORCER_MEMORY_ACTION",
+        deprecated=["ENFORCER_MEMORY_ACTION"],
         default="kill",
         choices=MEMORY_ACTIONS,
         help="What the watchdog does to a process of a share over its memory limit.",
     )
     p.add_flag(
         "--sm-action",
-        env="ENFORCER_SM_ACTION",
+        deprecated=["ENFORCER_SM_ACTION"],
         default="throttle",
         choices=SM_ACTIONS,
         help="What the watchdog does to a share over its SM limit (throttle freezes its cgroups).",
     )
     p.add_flag(
         "--burst-seconds",
-        env="ENFORCER_BURST_SECONDS",
+        deprecated=["ENFORCER_BURST_SECONDS"],
         type=float,
         default=0.5,
         help="How long a share may run above its SM limit after having been under it.",
     )
     p.add_flag(
         "--memory-partitioning",
-        env="ENFORCER_MEMORY_PARTITIONING",
+        deprecated=["ENFORCER_MEMORY_PARTITIONING"],
         default="auto",
         choices=("auto", "off"),
         help="Use driver memory partitioning by cgroup where the driver offers it (615+).",
     )
     p.add_flag(
         "--mps",
-        env="ENFORCER_MPS",
+        deprecated=["ENFORCER_MPS"],
         default="auto",
         choices=("auto", "off"),
         help="Use MPS (protocol 3 namespaces, else legacy MPS) for hard SM limits where possible.",
     )
     p.add_flag(
         "--mps-control",
-        env="ENFORCER_MPS_CONTROL",
+        deprecated=["ENFORCER_MPS_CONTROL"],
         default="",
         help=(
             "The MPS control command; default nvidia-cuda-mps-control, or with --nvml=fake the "
@@ -159,24 +162,24 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_flag(
         "--mps-root",
-        env="ENFORCER_MPS_ROOT",
+        deprecated=["ENFORCER_MPS_ROOT"],
         default="/var/run/gpuslice/mps",
         help="Host directory holding each GPU's MPS pipe directory (short: socket paths).",
     )
     p.add_flag(
         "--mps-container-dir",
-        env="ENFORCER_MPS_CONTAINER_DIR",
+        deprecated=["ENFORCER_MPS_CONTAINER_DIR"],
         default="/var/run/gpuslice/mps",
         help="Where containers see their MPS pipe directory (CUDA_MPS_PIPE_DIRECTORY).",
     )
     p.add_bool_flag(
         "--mps-multiuser",
-        env="ENFORCER_MPS_MULTIUSER",
+        deprecated=["ENFORCER_MPS_MULTIUSER"],
         help="Start legacy MPS daemons in multi-user mode (-m).",
     )
     p.add_flag(
         "--compute-mode",
-        env="ENFORCER_COMPUTE_MODE",
+        deprecated=["ENFORCER_COMPUTE_MODE"],
         default="exclusive",
         choices=COMPUTE_MODE_POLICIES,
         help=(
@@ -188,7 +191,7 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_bool_flag(
         "--stop-mps-on-exit",
-        env="ENFORCER_STOP_MPS_ON_EXIT",
+        deprecated=["ENFORCER_STOP_MPS_ON_EXIT"],
         help="Stop the MPS daemons when the enforcer exits (this interrupts MPS clients).",
     )
     add_nvml_arguments(p)
@@ -203,7 +206,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
 
         control = control or FAKE_MPS_CONTROL
         if args.fake_nvml_config:
-            mps_env["FAKE_NVML_CONFIG"] = str(Path(args.fake_nvml_config).resolve())
+            mps_env[FAKE_NVML_CONFIG_ENV] = str(Path(args.fake_nvml_config).resolve())
     enforcement = EnforcerConfig(
         socket=Path(args.socket),
         state_dir=Path(args.state_dir),

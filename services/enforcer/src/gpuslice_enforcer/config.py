@@ -44,7 +44,7 @@ class EnforcerConfig:
     mps_container_dir: str = CONTAINER_MPS_DIR
     #: Start legacy daemons in multi-user mode (-m).
     mps_multiuser: bool = False
-    #: Extra environment for the MPS daemons (the fake's stand-in needs FAKE_NVML_CONFIG).
+    #: Extra environment for the MPS daemons (the fake's stand-in needs GPUSLICE_FAKE_NVML_CONFIG).
     mps_env: dict[str, str] = field(default_factory=dict)
     #: Thaw frozen shares and leave MPS daemons running at shutdown (False stops the daemons).
     keep_mps_on_exit: bool = True

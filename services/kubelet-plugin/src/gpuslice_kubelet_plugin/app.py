@@ -48,6 +48,7 @@ from gpuslice_kubelet_plugin.nodemode import NodeRefusedError, check_node_mode
 from gpuslice_kubelet_plugin.server import kubelet_server
 from gpuslice_kubelet_plugin.servicer import DraServicer
 from gpuslice_kubelet_plugin.state import DeviceState
+from gpuslice_kubelet_plugin.timeslice import TimeSlicer
 from gpuslice_kubelet_plugin.violationevents import ClaimName, ViolationEvents
 from gpuslice_nvml import Nvml, open_nvml
 
@@ -131,6 +132,7 @@ class KubeletPluginApp:
                 ),
                 enforcer=self.enforcer,
                 mig=self.mig,
+                time_slicer=TimeSlicer(nvml, self._gpu_index),
                 metrics=self.metrics,
                 dynamic_mig=s.dynamic_mig,
                 workers=s.workers,
@@ -158,6 +160,10 @@ class KubeletPluginApp:
         except BaseException:
             self.instance.release()
             raise
+
+    def _gpu_index(self, gpu_uuid: str) -> int | None:
+        """The NVML index of a GPU of the inventory; None when it is not there."""
+        return next((g.index for g in self.devices.inventory.gpus if g.uuid == gpu_uuid), None)
 
     def _publish(self) -> None:
         """Hand the pool as it is now (devices, health taints, counter sets) to the helper.

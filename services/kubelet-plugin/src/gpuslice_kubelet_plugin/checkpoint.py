@@ -64,6 +64,7 @@ class DeviceRecord(BaseModel):
     gpu_instance_id: int | None = None  # dynamic MIG: the instance created for the claim
     cdi_device_ids: list[str] = []
     shared: bool = False  # covered by the claim's enforcer share (gets the enforcer's edits)
+    time_slice: str | None = None  # the GPU time slice the claim set (NVIDIA's interval)
 
 
 class ClaimRecord(BaseModel):

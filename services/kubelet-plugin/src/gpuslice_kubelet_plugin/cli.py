@@ -68,7 +68,7 @@ class Settings:
 
     def __post_init__(self) -> None:
         if not self.node_name:
-            raise ValueError("--node-name (NODE_NAME) is required")
+            raise ValueError("--node-name (GPUSLICE_NODE_NAME) is required")
         if self.metrics_addr:
             parse_addr(self.metrics_addr)  # ValueError naming the flag
         if self.health_addr:
@@ -100,79 +100,82 @@ def build_parser() -> EnvArgumentParser:
         "or 1; uses the socket flags below.",
     )
     f = p.add_flag
-    f("--node-name", env="NODE_NAME", help="Name of this node; also the name of its pool.")
+    f("--node-name", aliases=["NODE_NAME"], help="Name of this node; also the name of its pool.")
     f("--kubeconfig", env="KUBECONFIG", help="Kubeconfig file; in-cluster config without one.")
     add_nvml_arguments(p)
     f(
         "--cdi-root",
-        env="CDI_ROOT",
+        deprecated=["CDI_ROOT"],
         type=Path,
         default=Path("/var/run/cdi"),
         help="Directory where the per-claim CDI specs are written.",
     )
     f(
         "--registrar-dir",
-        env="REGISTRAR_DIR",
+        deprecated=["REGISTRAR_DIR"],
         type=Path,
         default=Path("/var/lib/kubelet/plugins_registry"),
         help="The kubelet's plugin registration directory.",
     )
     f(
         "--plugins-dir",
-        env="PLUGINS_DIR",
+        deprecated=["PLUGINS_DIR"],
         type=Path,
         default=Path("/var/lib/kubelet/plugins"),
         help=f"The kubelet's plugins directory; the DRA socket is <dir>/{DRIVER}/dra.sock.",
     )
     f(
         "--state-dir",
-        env="STATE_DIR",
+        deprecated=["STATE_DIR"],
         type=Path,
-        default=Path(f"/var/lib/kubelet/plugins/{DRIVER}"),
-        help="Directory of the checkpoint (prepared claims); must survive container restarts.",
+        default=Path("/var/lib/gpuslice/kubelet-plugin"),
+        help=(
+            "Directory of the checkpoint (prepared claims); must survive container restarts."
+            " The default is the chart's (hostPaths.stateDir)."
+        ),
     )
     f(
         "--metrics-addr",
-        env="METRICS_ADDR",
+        deprecated=["METRICS_ADDR"],
         default=":9400",
         help="HOST:PORT of the Prometheus /metrics endpoint; empty to disable it.",
     )
     f(
         "--health-addr",
-        env="HEALTH_ADDR",
+        deprecated=["HEALTH_ADDR"],
         default=":9410",
         help="HOST:PORT of /healthz (the DRA socket answers) and /readyz (what --probe checks) "
         "for the kubelet's httpGet probes; empty to disable it.",
     )
     f(
         "--enforcer-socket",
-        env="ENFORCER_SOCKET",
+        deprecated=["ENFORCER_SOCKET"],
         type=Path,
         help="Unix socket of the gpuslice enforcer; without it shares are accounting only and "
         "claims that insist on enforcement (strict) are refused.",
     )
     f(
         "--mig-manager-socket",
-        env="MIG_MANAGER_SOCKET",
+        deprecated=["MIG_MANAGER_SOCKET"],
         type=Path,
         help="Unix socket of the gpuslice MIG manager, needed for --dynamic-mig.",
     )
     p.add_bool_flag(
         "--dynamic-mig",
-        env="DYNAMIC_MIG",
+        deprecated=["DYNAMIC_MIG"],
         help="Publish every MIG placement of GPUs in MIG mode (with counters) and "
         "create the instance at prepare, instead of the instances that exist.",
     )
     f(
         "--pod-uid",
-        env="POD_UID",
+        deprecated=["POD_UID"],
         default="",
         help="This pod's UID: sockets get a -<podUID> suffix so two pods can serve during a "
         "rolling update.",
     )
     p.add_bool_flag(
         "--health-streaming",
-        env="HEALTH_STREAMING",
+        deprecated=["HEALTH_STREAMING"],
         default=True,
         help="Serve the kubelet's DRA health stream (v1alpha1.DRAResourceHealth).",
     )
@@ -184,14 +187,14 @@ def build_parser() -> EnvArgumentParser:
     )
     f(
         "--gc-interval",
-        env="GC_INTERVAL",
+        deprecated=["GC_INTERVAL"],
         type=positive_seconds,
         default=60.0,
         help="Seconds between checks for prepared claims that no longer exist in the API.",
     )
     p.add_bool_flag(
         "--mode-check",
-        env="MODE_CHECK",
+        deprecated=["MODE_CHECK"],
         default=True,
         help="Refuse to start (exit 3, a Warning Event KubeletPluginRefused on the Node) on a "
         f"node labelled {MODE_LABEL}=device-plugin or whose capacity shows GPUs served by a "
@@ -201,7 +204,7 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_bool_flag(
         "--claim-cache",
-        env="CLAIM_CACHE",
+        deprecated=["CLAIM_CACHE"],
         default=True,
         help="Keep the claims allocated to this node in a watch-fed cache, so prepare does not "
         "read each claim from the API (needs list and watch on resourceclaims; falls back to "
@@ -209,14 +212,14 @@ def build_parser() -> EnvArgumentParser:
     )
     f(
         "--rescan-interval",
-        env="RESCAN_INTERVAL",
+        deprecated=["RESCAN_INTERVAL"],
         type=positive_seconds,
         default=60.0,
         help="Seconds between device rescans (MIG layout changes, enforcer capabilities).",
     )
     f(
         "--driver-root-host",
-        env="NVIDIA_DRIVER_ROOT_HOST",
+        deprecated=["NVIDIA_DRIVER_ROOT_HOST"],
         type=Path,
         default=None,
         help=(
@@ -227,7 +230,6 @@ def build_parser() -> EnvArgumentParser:
     )
     f(
         "--proc-root",
-        env="GPUSLICE_PROC_ROOT",
         type=Path,
         default=Path("/proc"),
         help=(
@@ -238,14 +240,14 @@ def build_parser() -> EnvArgumentParser:
     )
     f(
         "--nvidia-cdi-kind",
-        env="NVIDIA_CDI_KIND",
+        deprecated=["NVIDIA_CDI_KIND"],
         default="",
         help="Also hand out the NVIDIA Container Toolkit's CDI device by UUID (e.g. "
         "nvidia.com/gpu) for driver libraries; empty to leave it out.",
     )
     f(
         "--shutdown-grace",
-        env="SHUTDOWN_GRACE",
+        deprecated=["SHUTDOWN_GRACE"],
         type=positive_seconds,
         default=10.0,
         help="Seconds in-flight calls get to finish on SIGTERM.",

@@ -52,6 +52,12 @@ class Planned:
         whole = self.cores == 100 and self.memory >= self.device.memory_bytes
         return not whole or self.config.sharing.strategy == "MPS"
 
+    @property
+    def time_slice(self) -> str | None:
+        """The GPU's compute time slice the config asks for (NVIDIA's ``timeSlicingConfig.
+        interval``; whole GPUs only), set at prepare (``timeslice``)."""
+        return self.config.time_slice if self.device.kind == "gpu" else None
+
     def record(self) -> DeviceRecord:
         return DeviceRecord(
             request=self.result.request,
@@ -66,6 +72,7 @@ class Planned:
             total_memory_bytes=self.device.memory_bytes,
             admin_access=self.result.admin_access,
             shared=self.is_share and not self.result.admin_access,
+            time_slice=self.time_slice,
         )
 
 
@@ -78,6 +85,11 @@ class Plan:
     @property
     def uid(self) -> str:
         return self.claim.ref.uid
+
+    @property
+    def sets_time_slice(self) -> bool:
+        """A GPU's time slice is set for the claim (a side effect outside this node's files)."""
+        return any(p.time_slice for p in self.devices)
 
     @property
     def dynamic_mig(self) -> bool:

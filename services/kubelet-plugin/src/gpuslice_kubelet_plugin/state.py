@@ -7,10 +7,12 @@ Prepare of one claim (docs/kubelet-plugin.md, "State machine"):
    the work is done (return it); a record left half-done by a dead instance (or by an earlier
    failed attempt) is torn down first; a live other instance working on it is an error; the
    overlap check runs; the intent is written as ``PrepareStarted``;
-3. side effects: MIG instance (dynamic MIG), enforcer share, CDI spec;
+3. side effects: MIG instance (dynamic MIG), the GPU's time slice (NVIDIA's interval,
+   ``timeslice``), enforcer share, CDI spec;
 4. a second transaction marks it ``PrepareCompleted`` with the CDI ids.
 
-Unprepare writes ``UnprepareStarted``, tears down (share, MIG instance, CDI spec) and drops the
+Unprepare writes ``UnprepareStarted``, tears down (share, MIG instance, time slice, CDI spec) and
+drops the
 record; an unknown claim is success. Teardown is idempotent and needs nothing the checkpoint
 does not hold: the enforcer and the MIG manager key their objects by claim UID. ``recover()``
 tears down what dead instances left half-done and rewrites lost specs of completed claims.
@@ -47,6 +49,7 @@ from gpuslice_kubelet_plugin.enforcer import Enforcer, ShareGrant
 from gpuslice_kubelet_plugin.metrics import PluginMetrics
 from gpuslice_kubelet_plugin.migclient import MigInstance, MigManager, owner_for
 from gpuslice_kubelet_plugin.plan import Plan, check_overlap, make_plan
+from gpuslice_kubelet_plugin.timeslice import TimeSlicer, check_time_slices
 
 log = get_logger(__name__)
 T = TypeVar("T")
@@ -83,6 +86,7 @@ class DeviceState:
         unprepared: Callable[[ClaimRef], None] = lambda _ref: None,
         enforcer: Enforcer,
         mig: MigManager,
+        time_slicer: TimeSlicer,
         metrics: PluginMetrics,
         dynamic_mig: bool = False,
         workers: int = 16,
@@ -99,6 +103,7 @@ class DeviceState:
         self.cdi = cdi
         self.enforcer = enforcer
         self.mig = mig
+        self.time_slicer = time_slicer
         self.metrics = metrics
         self.dynamic_mig = dynamic_mig
         self.orphan_grace = orphan_grace
@@ -167,7 +172,11 @@ class DeviceState:
         plan, source = self._plan(ref)
         read = time.perf_counter()
         with self._lock(ref.uid):
-            external = plan.dynamic_mig or (plan.share is not None and self.enforcer.present)
+            external = (
+                plan.dynamic_mig
+                or plan.sets_time_slice
+                or (plan.share is not None and self.enforcer.present)
+            )
             if external or ref.uid in self.committer.read().claims:
                 finished = self._prepare_with_intent(plan)
             else:
@@ -276,6 +285,7 @@ class DeviceState:
             if not drop:
                 return "leftover", existing.model_copy(deep=True)
         check_overlap(plan, state)
+        check_time_slices(plan, state)
         if done is not None:
             return "done", self._finish(txn, done)
         record = self._record(plan)
@@ -292,6 +302,7 @@ class DeviceState:
                 )
                 device.uuid = instance.mig_uuid
                 device.gpu_instance_id = instance.gpu_instance_id
+        self.time_slicer.apply(record)
         kinds = {d.kind for d in record.devices}
         record.enforcement = "mig" if kinds == {"mig"} else "exclusive"
         if plan.share is not None:
@@ -324,6 +335,7 @@ class DeviceState:
         self.cdi.delete(record.uid)
         if self.enforcer.present:
             self.enforcer.release_share(record.uid)
+        self.time_slicer.release(record, self.committer.read)
         if self.dynamic_mig:
             owner = owner_for(record.uid)
             destroyed = set()

@@ -88,7 +88,7 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_flag(
         "--node-name",
-        env="NODE_NAME",
+        aliases=["NODE_NAME"],
         help=(
             "Name of this node's Node object, whose gpuslice.dev/mig.config label selects the"
             " layout and which receives the state label and Events. Without it the manager"
@@ -103,7 +103,7 @@ def build_parser() -> EnvArgumentParser:
     add_nvml_arguments(p)
     p.add_flag(
         "--state-dir",
-        env="STATE_DIR",
+        deprecated=["STATE_DIR"],
         default=DEFAULT_STATE_DIR,
         help=(
             "Directory of the checkpoint (mig-manager.json) that records which instances the"
@@ -112,19 +112,19 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_flag(
         "--socket",
-        env="MIG_MANAGER_SOCKET",
+        deprecated=["MIG_MANAGER_SOCKET"],
         default=DEFAULT_SOCKET,
         help="Unix socket of the gRPC API, in a directory the node pod's containers share.",
     )
     p.add_flag(
         "--metrics-addr",
-        env="METRICS_ADDR",
+        deprecated=["METRICS_ADDR"],
         default=":9403",
         help="HOST:PORT of the Prometheus /metrics endpoint; an empty value turns it off.",
     )
     p.add_flag(
         "--health-addr",
-        env="HEALTH_ADDR",
+        deprecated=["HEALTH_ADDR"],
         default=":9413",
         help=(
             "HOST:PORT of /healthz (the gRPC socket answers, the reconciler runs) and /readyz"
@@ -134,7 +134,7 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_flag(
         "--config-file",
-        env="MIG_CONFIG_FILE",
+        deprecated=["MIG_CONFIG_FILE"],
         help=(
             "Path of a mig-parted v1 layout file (e.g. a mounted ConfigMap); read again for"
             " every application. A malformed file stops start-up with a message naming the key."
@@ -142,7 +142,7 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_flag(
         "--config-map",
-        env="MIG_CONFIG_MAP",
+        deprecated=["MIG_CONFIG_MAP"],
         help=(
             "NAMESPACE/NAME[:KEY] of a ConfigMap holding the layouts (key config.yaml by"
             " default), watched live; an edit re-applies the selected layout."
@@ -150,7 +150,7 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_bool_flag(
         "--dynamic-mig",
-        env="DYNAMIC_MIG",
+        deprecated=["DYNAMIC_MIG"],
         help=(
             "Create and destroy instances on demand (CreateInstance for new instances) and"
             " destroy instances nobody owns when no process uses them."
@@ -158,7 +158,7 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_flag(
         "--reconcile-interval",
-        env="RECONCILE_INTERVAL",
+        deprecated=["RECONCILE_INTERVAL"],
         type=_non_negative,
         default=60.0,
         help=(
@@ -168,14 +168,14 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_flag(
         "--retry-initial",
-        env="LAYOUT_RETRY_INITIAL",
+        deprecated=["LAYOUT_RETRY_INITIAL"],
         type=_non_negative,
         default=1.0,
         help="Seconds before the first retry of a layout that waits for instances to be free.",
     )
     p.add_flag(
         "--retry-max",
-        env="LAYOUT_RETRY_MAX",
+        deprecated=["LAYOUT_RETRY_MAX"],
         type=_non_negative,
         default=60.0,
         help="Longest wait, in seconds, between retries of a waiting layout.",

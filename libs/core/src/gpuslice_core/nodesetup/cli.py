@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from gpuslice_core.cli import EnvArgumentParser, parse_bool
+from gpuslice_core.cli import EnvArgumentParser, parse_bool, pop_deprecation_notices
 from gpuslice_core.nodesetup.fakenvml import write_fake_config
 from gpuslice_core.nodesetup.hook import HOOK_BINARY, install_hook
 from gpuslice_core.nodesetup.report import SetupError, log
@@ -30,7 +30,7 @@ class FakeNvmlConfig:
 
     def __post_init__(self) -> None:
         if self.set_name and not self.node_name:
-            raise SetupError("FAKE_NVML_SET_NAME needs NODE_NAME")
+            raise SetupError("GPUSLICE_FAKE_NVML_SET_NAME needs GPUSLICE_NODE_NAME")
 
 
 @dataclass(frozen=True)
@@ -76,45 +76,45 @@ def build_parser() -> EnvArgumentParser:
     )
     p.add_flag(
         "--socket-dir",
-        env="SOCKET_DIR",
+        deprecated=["SOCKET_DIR"],
         help="Directory of the per-pod sockets; those nothing listens on are removed.",
     )
     p.add_flag(
         "--node-name",
-        env="NODE_NAME",
+        aliases=["NODE_NAME"],
         default="",
         help="This node's name, written into the fake NVML config.",
     )
     p.add_flag(
         "--fake-nvml-config-src",
-        env="FAKE_NVML_CONFIG_SRC",
+        deprecated=["FAKE_NVML_CONFIG_SRC"],
         help="The chart's fake NVML node config (the ConfigMap's file) to copy.",
     )
     p.add_flag(
         "--fake-nvml-config",
-        env="FAKE_NVML_CONFIG",
+        deprecated=["FAKE_NVML_CONFIG"],
         help="Where this node's fake NVML config is written (needs --fake-nvml-config-src).",
     )
     p.add_flag(
         "--fake-nvml-set-name",
-        env="FAKE_NVML_SET_NAME",
+        deprecated=["FAKE_NVML_SET_NAME"],
         type=_bool,
         default=False,
         help="true: add 'name: <node name>' to the fake config (own GPU UUIDs per node).",
     )
     p.add_flag(
         "--hook-install-dir",
-        env="HOOK_INSTALL_DIR",
+        deprecated=["HOOK_INSTALL_DIR"],
         help="The host directory of the CDI hook, as mounted here; installs the hook.",
     )
     p.add_flag(
         "--hook-host-dir",
-        env="HOOK_HOST_DIR",
+        deprecated=["HOOK_HOST_DIR"],
         help="The same directory as the host sees it (needs --hook-install-dir).",
     )
     p.add_flag(
         "--hook-binary",
-        env="HOOK_BINARY",
+        deprecated=["HOOK_BINARY"],
         default=str(HOOK_BINARY),
         help="The static hook binary to install (the enforcer image's).",
     )
@@ -128,10 +128,12 @@ def build_parser() -> EnvArgumentParser:
         ),
     )
     hs.add_argument("action", choices=["claim", "release"])
-    hs.add_flag("--enforcer-socket", env="ENFORCER_SOCKET", help="This pod's enforcer socket.")
+    # Named as the enforcer's own flags: this runs in the enforcer's container (its postStart
+    # and preStop) and reads that container's GPUSLICE_SOCKET and GPUSLICE_HOOK_SOCKET.
+    hs.add_flag("--socket", deprecated=["ENFORCER_SOCKET"], help="This pod's enforcer socket.")
     hs.add_flag(
-        "--enforcer-hook-socket",
-        env="ENFORCER_HOOK_SOCKET",
+        "--hook-socket",
+        deprecated=["ENFORCER_HOOK_SOCKET"],
         help="The stable link the CDI hook calls (enforcer.sock).",
     )
     return p
@@ -140,17 +142,15 @@ def build_parser() -> EnvArgumentParser:
 def settings_from(args: argparse.Namespace) -> Settings | HookSocketSettings:
     """The parsed flags, checked; raises ``SetupError`` naming what is missing."""
     if args.command == "hook-socket":
-        if not args.enforcer_socket or not args.enforcer_hook_socket:
+        if not args.socket or not args.hook_socket:
             raise SetupError(
-                f"hook-socket {args.action} needs ENFORCER_SOCKET and ENFORCER_HOOK_SOCKET"
+                f"hook-socket {args.action} needs GPUSLICE_SOCKET and GPUSLICE_HOOK_SOCKET"
             )
-        return HookSocketSettings(
-            args.action, Path(args.enforcer_socket), Path(args.enforcer_hook_socket)
-        )
+        return HookSocketSettings(args.action, Path(args.socket), Path(args.hook_socket))
     fake = hook = None
     if args.fake_nvml_config_src:
         if not args.fake_nvml_config:
-            raise SetupError("FAKE_NVML_CONFIG_SRC needs FAKE_NVML_CONFIG")
+            raise SetupError("GPUSLICE_FAKE_NVML_CONFIG_SRC needs GPUSLICE_FAKE_NVML_CONFIG")
         fake = FakeNvmlConfig(
             Path(args.fake_nvml_config_src),
             Path(args.fake_nvml_config),
@@ -159,7 +159,7 @@ def settings_from(args: argparse.Namespace) -> Settings | HookSocketSettings:
         )
     if args.hook_install_dir:
         if not args.hook_host_dir:
-            raise SetupError("HOOK_INSTALL_DIR needs HOOK_HOST_DIR")
+            raise SetupError("GPUSLICE_HOOK_INSTALL_DIR needs GPUSLICE_HOOK_HOST_DIR")
         hook = HookInstall(Path(args.hook_install_dir), args.hook_host_dir, Path(args.hook_binary))
     socket_dir = Path(args.socket_dir) if args.socket_dir else None
     return Settings(socket_dir=socket_dir, fake_nvml=fake, hook=hook)
@@ -186,6 +186,8 @@ def hook_socket(settings: HookSocketSettings) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """0: every asked-for step done; 1: one failed (the reason on stderr); 2: a usage error."""
     args = build_parser().parse_args(argv)
+    for notice in pop_deprecation_notices():
+        log(f"warning: {notice.message}")
     try:
         settings = settings_from(args)
     except SetupError as exc:

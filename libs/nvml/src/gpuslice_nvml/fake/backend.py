@@ -30,6 +30,7 @@ from gpuslice_nvml.fake.timeslice import TickListing
 from gpuslice_nvml.interface import EventWatch, Nvml
 from gpuslice_nvml.types import (
     MIB,
+    TIME_SLICES,
     ComputeInstance,
     ComputeInstanceProfile,
     ComputeMode,
@@ -302,6 +303,14 @@ class FakeNvml(Nvml):
         with self.store.transaction() as state:
             _, gs = live_gpu(self.node, state, gpu, what)
             gs.compute_mode = ComputeMode(mode).value
+
+    def set_compute_time_slice(self, gpu: int, level: int) -> None:
+        what = f"nvidia-smi compute-policy --set-timeslice={level} (GPU {gpu})"
+        if level not in TIME_SLICES.values():
+            raise e.nvml_error(e.ERROR_INVALID_ARGUMENT, what, "level must be 0..3")
+        with self.store.transaction() as state:
+            _, gs = live_gpu(self.node, state, gpu, what)
+            gs.time_slice = level
 
     # -- memory partitioning (driver 615+) ------------------------------------------------
     def set_memory_limits(self, gpu: int, namespace: str, soft_limit: int, hard_limit: int) -> None:

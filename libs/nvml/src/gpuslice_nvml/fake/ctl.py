@@ -23,7 +23,7 @@ from typing import Any
 from gpuslice_core.cli import EnvArgumentParser
 from gpuslice_core.errors import GpusliceError
 from gpuslice_nvml.fake.control import FakeNvmlControl
-from gpuslice_nvml.types import DeviceRef
+from gpuslice_nvml.types import FAKE_NVML_CONFIG_ENV, DeviceRef
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -49,7 +49,8 @@ def build_parser() -> EnvArgumentParser:
     )
     parser.add_flag(
         "--config",
-        env="FAKE_NVML_CONFIG",
+        env=FAKE_NVML_CONFIG_ENV,
+        deprecated=["FAKE_NVML_CONFIG"],
         required=True,
         help="Path of the fake node's YAML config; its statePath names the shared state.",
     )

@@ -14,7 +14,7 @@ skips importing the whole ``gpuslice_nvml`` package for each control command.
 
 Environment: ``CUDA_MPS_PIPE_DIRECTORY`` (default /tmp/nvidia-mps), ``CUDA_MPS_LOG_DIRECTORY``
 (default /var/log/nvidia-mps), ``CUDA_MPS_PROTOCOL_VERSION`` (wins over ``-p``), and
-``FAKE_NVML_CONFIG``: the fake node whose driver version decides whether protocol 3 exists
+``GPUSLICE_FAKE_NVML_CONFIG``: the fake node whose driver version decides whether protocol 3 exists
 (615+) and whose GPU UUIDs ``allowed_devices`` must name.
 
 What it models (see docs/enforcer.md): the control socket ``$PIPE/control`` and pid file
@@ -390,10 +390,13 @@ def _fake_gpus(protocol: int) -> set[str]:
     from gpuslice_nvml.fake.node import load_node
     from gpuslice_nvml.types import MEMORY_PARTITIONING_MIN_DRIVER, driver_major
 
-    config = os.environ.get("FAKE_NVML_CONFIG")
+    # gpuslice_nvml.types.FAKE_NVML_CONFIG_ENV, not imported: this file runs by path (-P).
+    config = os.environ.get("GPUSLICE_FAKE_NVML_CONFIG")
     if not config:
         if protocol == 3:
-            raise MpsError("protocol 3 needs driver 615+: set FAKE_NVML_CONFIG to tell the driver")
+            raise MpsError(
+                "protocol 3 needs driver 615+: set GPUSLICE_FAKE_NVML_CONFIG to tell the driver"
+            )
         return set()
     try:
         node = load_node(config)

@@ -51,6 +51,8 @@ class GpuState(_Model):
     lost: bool = False
     #: ``ComputeMode`` by name; the driver's default is DEFAULT.
     compute_mode: str = "DEFAULT"
+    #: ``nvidia-smi compute-policy --set-timeslice`` level: 0 default .. 3 long.
+    time_slice: int = 0
     gpu_instances: list[GiState] = []
 
 

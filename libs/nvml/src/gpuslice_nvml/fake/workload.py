@@ -41,7 +41,7 @@ from gpuslice_core.grpcserver import StopSignals
 from gpuslice_nvml.errors import NvmlInsufficientMemory, NvmlInUse
 from gpuslice_nvml.fake.control import FakeNvmlControl
 from gpuslice_nvml.fake.ctl import parse_bytes, parse_device
-from gpuslice_nvml.types import DeviceRef
+from gpuslice_nvml.types import FAKE_NVML_CONFIG_ENV, DeviceRef
 
 
 def build_parser() -> EnvArgumentParser:
@@ -50,7 +50,11 @@ def build_parser() -> EnvArgumentParser:
         description="Run a fake CUDA program on a fake NVML node (see the module docstring).",
     )
     parser.add_flag(
-        "--config", env="FAKE_NVML_CONFIG", required=True, help="The fake node's YAML config."
+        "--config",
+        env=FAKE_NVML_CONFIG_ENV,
+        deprecated=["FAKE_NVML_CONFIG"],
+        required=True,
+        help="The fake node's YAML config.",
     )
     parser.add_argument("--device", type=parse_device, default=0, help="GPU index or UUID.")
     parser.add_argument("--sm", type=int, default=0, help="SM percent it uses while running.")

@@ -51,7 +51,8 @@ class RealNvml(Nvml):
 
     def __init__(self, driver_root: Path | None = None) -> None:
         """Start NVML on the driver root's library (``driver_root``: the driver's root as
-        this process sees it; None or ``/``: the loader's search path)."""
+        this process sees it; None or ``/``: the loader's search path). What NVML has no call
+        for (reset, time slice) runs the driver root's ``nvidia-smi`` on that library."""
         self._driver_root = driver_root
         try:
             self.library = library.preload(driver_root)
@@ -287,28 +288,40 @@ class RealNvml(Nvml):
         """NVML has no public reset call; like mig-parted, run ``nvidia-smi -r`` (the driver
         root's, on the library this process loaded, where the root has one)."""
         bus_id = self._static_info(gpu).pci_bus_id
+        self._smi("GPU reset", "--gpu-reset", "-i", bus_id, timeout=120)
+        return self.mig_mode(gpu)
+
+    def set_compute_time_slice(self, gpu: int, level: int) -> None:
+        """NVML has no call for it; like NVIDIA's DRA driver, run ``nvidia-smi compute-policy``
+        (the same driver root's ``nvidia-smi`` as :meth:`reset_gpu`)."""
+        uuid = self._static_info(gpu).uuid
+        self._smi("time slice", "compute-policy", "-i", uuid, f"--set-timeslice={level}")
+
+    def _smi(self, what: str, *args: str, timeout: float = 30) -> None:
+        """Run ``nvidia-smi args`` (:func:`library.nvidia_smi`: the driver root's, on the
+        library this process loaded); failures as NVML errors (IN_USE when it says so)."""
         smi, env = library.nvidia_smi(self._driver_root, self.library)
+        shown = f"nvidia-smi {' '.join(args)}"
         try:
             subprocess.run(
-                [smi, "--gpu-reset", "-i", bus_id],
+                [smi, *args],
                 check=True,
                 capture_output=True,
                 text=True,
-                timeout=120,
+                timeout=timeout,
                 env=env,
             )
         except FileNotFoundError as exc:
-            raise e.nvml_error(e.ERROR_NOT_SUPPORTED, "GPU reset", f"{smi} not found") from exc
+            raise e.nvml_error(e.ERROR_NOT_SUPPORTED, what, f"{smi} not found") from exc
         except OSError as exc:  # not executable, not a program for this machine (ENOEXEC)
             detail = f"cannot run {smi}: {exc}"
-            raise e.nvml_error(e.ERROR_NOT_SUPPORTED, "GPU reset", detail) from exc
+            raise e.nvml_error(e.ERROR_NOT_SUPPORTED, what, detail) from exc
         except subprocess.CalledProcessError as exc:
             detail = (exc.stdout + exc.stderr).strip()
             code = e.ERROR_IN_USE if "in use" in detail.lower() else e.ERROR_UNKNOWN
-            raise e.nvml_error(code, f"nvidia-smi --gpu-reset -i {bus_id}", detail) from exc
+            raise e.nvml_error(code, shown, detail) from exc
         except subprocess.TimeoutExpired as exc:
-            raise e.nvml_error(e.ERROR_TIMEOUT, f"nvidia-smi --gpu-reset -i {bus_id}") from exc
-        return self.mig_mode(gpu)
+            raise e.nvml_error(e.ERROR_TIMEOUT, shown) from exc
 
     def gpu_instance_profiles(self, gpu: int) -> list[GpuInstanceProfile]:
         self.mig_mode(gpu)  # NOT_SUPPORTED on GPUs without MIG

@@ -12,11 +12,17 @@ Rules every dialect shares (``translate`` applies them; docs/controller.md expla
 - ``cores`` are percent of one GPU's SMs, per GPU; ``memory`` is per GPU unless the dialect says
   it is the container's total (:attr:`Dialect.memory_is_total`).
 - a request with neither cores below 100 nor memory is a whole GPU (exclusive).
+
+HAMi lets an install rename its resources and set defaults (its chart values ``resourceName``,
+``resourceMem``, ``resourceMemPercentage``, ``resourceCores``, ``resourcePriority``,
+``defaultMem``, ``defaultCores``, ``defaultGPUNum``): :class:`HamiNames` holds them and
+:func:`hami` builds that install's table; :class:`Dialects` is the set one controller translates.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 from gpuslice_api.quantity import GIB, MIB
@@ -77,6 +83,14 @@ class Dialect:
     """Extended resource: percent (1..100) of each GPU's memory; ``memory`` wins when both are
     given, as in HAMi."""
 
+    default_count: int = 1
+    """GPUs of a container that names none (HAMi's ``defaultGPUNum``)."""
+    default_cores: int = 0
+    """Cores of a container that names none; 0: not asked (HAMi's ``defaultCores``)."""
+    default_memory: int = 0
+    """Memory (in ``memory_unit``) of a container that names neither memory nor a percentage;
+    0: all of each GPU's memory (HAMi's ``defaultMem``)."""
+
     ignored: tuple[str, ...] = ()
     """Extended resources that have no DRA counterpart: removed, with a warning."""
     mode_annotation: str | None = None
@@ -110,19 +124,93 @@ def _hami_selectors(prefix: str) -> tuple[SelectorAnnotation, ...]:
     )
 
 
-HAMI = Dialect(
-    name="hami",
-    title="HAMi",
-    count="nvidia.com/gpu",
-    count_alone_is_plain=True,
-    cores="nvidia.com/gpucores",
-    memory="nvidia.com/gpumem",
-    memory_unit=MIB,
-    memory_percentage="nvidia.com/gpumem-percentage",
-    ignored=("nvidia.com/priority",),
-    mode_annotation="nvidia.com/vgpu-mode",
-    selector_annotations=_hami_selectors("nvidia.com"),
+#: HAMi's count resource, which is also the NVIDIA device plugin's and DRA's extended resource
+#: mapping's: under this name a count alone is the plain whole-GPU request, not translated.
+PLAIN_GPU = "nvidia.com/gpu"
+
+#: An extended resource name: a DNS subdomain prefix, a slash, a name (no kubernetes.io prefix).
+_EXTENDED_RESOURCE = re.compile(
+    r"^(?!(?:[^/]*\.)?kubernetes\.io/)[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?"
+    r"/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 )
+
+
+def _flag(name: str) -> str:
+    return "--hami-" + name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class HamiNames:
+    """One HAMi install's resource names and defaults, as its chart values name them.
+
+    A ``ValueError`` names the controller flag (``--hami-<field>``) and what it allows.
+    """
+
+    resource_name: str = PLAIN_GPU
+    """``resourceName``: the number of vGPUs."""
+    resource_mem: str = "nvidia.com/gpumem"
+    """``resourceMem``: MiB of memory per vGPU."""
+    resource_mem_percentage: str = "nvidia.com/gpumem-percentage"
+    """``resourceMemPercentage``: percent of each GPU's memory."""
+    resource_cores: str = "nvidia.com/gpucores"
+    """``resourceCores``: percent of each GPU's SMs."""
+    resource_priority: str = "nvidia.com/priority"
+    """``resourcePriority``: a task priority with no DRA counterpart (removed, with a warning)."""
+    default_mem: int = 0
+    """``defaultMem``: MiB per vGPU when a container names neither memory resource; 0 = all."""
+    default_cores: int = 0
+    """``defaultCores``: percent of the SMs when a container names no cores; 0 = no limit."""
+    default_gpu_num: int = 1
+    """``defaultGPUNum``: vGPUs when a container asks for memory or cores without a count."""
+
+    def __post_init__(self) -> None:
+        names: dict[str, str] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not f.name.startswith("resource_"):
+                continue
+            if not _EXTENDED_RESOURCE.match(value):
+                raise ValueError(
+                    f"{_flag(f.name)} {value!r} is not an extended resource name: a domain, a"
+                    f" slash and a name, e.g. nvidia.com/gpumem (not in kubernetes.io)"
+                )
+            if value in names:
+                raise ValueError(
+                    f"{_flag(f.name)} {value!r} is also {_flag(names[value])}: each HAMi"
+                    f" resource needs its own name"
+                )
+            names[value] = f.name
+        if self.default_mem < 0:
+            raise ValueError(f"--hami-default-mem {self.default_mem} must be 0 (all) or more MiB")
+        if not 0 <= self.default_cores <= 100:
+            raise ValueError(
+                f"--hami-default-cores {self.default_cores} must be 0 (no limit) to 100 percent"
+            )
+        if self.default_gpu_num < 1:
+            raise ValueError(f"--hami-default-gpu-num {self.default_gpu_num} must be at least 1")
+
+
+def hami(names: HamiNames = HamiNames()) -> Dialect:
+    """HAMi's table for an install with these resource names and defaults."""
+    return Dialect(
+        name="hami",
+        title="HAMi",
+        count=names.resource_name,
+        count_alone_is_plain=names.resource_name == PLAIN_GPU,
+        cores=names.resource_cores,
+        memory=names.resource_mem,
+        memory_unit=MIB,
+        memory_percentage=names.resource_mem_percentage,
+        ignored=(names.resource_priority,),
+        mode_annotation="nvidia.com/vgpu-mode",
+        selector_annotations=_hami_selectors("nvidia.com"),
+        default_count=names.default_gpu_num,
+        default_cores=names.default_cores,
+        default_memory=names.default_mem,
+    )
+
+
+HAMI = hami()
 
 ALIYUN = Dialect(
     name="aliyun",
@@ -174,7 +262,47 @@ VOLCANO = Dialect(
     mode_annotation="volcano.sh/vgpu-mode",
 )
 
-DIALECTS: tuple[Dialect, ...] = (HAMI, ALIYUN, VCUDA, DOCKER_VCUDA, QGPU, VOLCANO)
 
-BY_RESOURCE: dict[str, Dialect] = {r: d for d in DIALECTS for r in d.resources}
+@dataclass(frozen=True)
+class Dialects:
+    """The dialects one controller translates, and which of them owns each resource name."""
+
+    all: tuple[Dialect, ...]
+    by_resource: dict[str, Dialect] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        owners: dict[str, Dialect] = {}
+        for d in self.all:
+            for r in d.resources:
+                if r in owners:
+                    raise ValueError(
+                        f"resource {r} is named by both {owners[r].title} and {d.title}; a"
+                        f" renamed HAMi resource must not take another dialect's name"
+                    )
+                owners[r] = d
+        object.__setattr__(self, "by_resource", owners)
+
+    @classmethod
+    def of(cls, hami_names: HamiNames = HamiNames()) -> Dialects:
+        """Every dialect, HAMi with ``hami_names``."""
+        first = HAMI if hami_names == HamiNames() else hami(hami_names)
+        return cls((first, ALIYUN, VCUDA, DOCKER_VCUDA, QGPU, VOLCANO))
+
+    @property
+    def resources(self) -> tuple[str, ...]:
+        """Every resource a pod is sent to the webhook for (a plain count alone is not)."""
+        return tuple(
+            r
+            for d in self.all
+            for r in d.resources
+            if not (d.count_alone_is_plain and r == d.count)
+        )
+
+
+DEFAULT = Dialects.of()
+"""The dialects with HAMi's own names and defaults."""
+
+DIALECTS: tuple[Dialect, ...] = DEFAULT.all
+
+BY_RESOURCE: dict[str, Dialect] = DEFAULT.by_resource
 """Which dialect owns an extended resource name (each name has exactly one owner)."""

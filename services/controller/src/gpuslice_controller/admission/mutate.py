@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuslice_controller.admission import translate
+from gpuslice_controller.admission.dialects import DEFAULT, Dialects
 from gpuslice_controller.admission.review import Decision, Request
 from gpuslice_core.logging import get_logger, kobj
 from gpuslice_kube.errors import KubeAlreadyExistsError
@@ -52,12 +53,14 @@ class PodTranslator:
         facts: Callable[[], translate.ClusterFacts],
         driver: str,
         device_class: str,
+        dialects: Dialects = DEFAULT,
     ) -> None:
         self.raw = raw
         self.version = version
         self.facts = facts
         self.driver = driver
         self.device_class = device_class
+        self.dialects = dialects
         self.templates = Reflector(
             raw,
             f"/apis/resource.k8s.io/{version}/resourceclaimtemplates",
@@ -81,7 +84,11 @@ class PodTranslator:
         pod: dict[str, Any] = request.get("object") or {}
         try:
             result = translate.translate_pod(
-                pod, self.facts(), driver_domain=self.driver, device_class=self.device_class
+                pod,
+                self.facts(),
+                driver_domain=self.driver,
+                device_class=self.device_class,
+                dialects=self.dialects,
             )
         except translate.Denied as exc:
             return Decision.deny(str(exc))

@@ -28,7 +28,7 @@ from gpuslice_api.names import (
     TRANSLATED_ANNOTATION,
 )
 from gpuslice_api.quantity import MIB, format_bytes, human_bytes, parse_quantity
-from gpuslice_controller.admission.dialects import BY_RESOURCE, Dialect
+from gpuslice_controller.admission.dialects import DEFAULT, Dialect, Dialects
 from gpuslice_controller.admission.selectors import annotation_selectors, size_selector
 from gpuslice_core.errors import InvalidArgumentError
 
@@ -128,10 +128,12 @@ def translate_pod(
     *,
     driver_domain: str = DRIVER,
     device_class: str = GPU_CLASS,
+    dialects: Dialects = DEFAULT,
 ) -> Translation | None:
     """The templates and patch that run ``pod`` on DRA; None when there is nothing to translate
     (no dialect resources, only the plain ``nvidia.com/gpu``, already translated, or opted out by
-    the pod label). Raises :class:`Denied` for a request that cannot be translated."""
+    the pod label). Raises :class:`Denied` for a request that cannot be translated.
+    ``dialects``: the tables to read (HAMi's names and defaults as the install set them)."""
     meta = pod.get("metadata") or {}
     annotations: Mapping[str, str] = meta.get("annotations") or {}
     labels: Mapping[str, str] = meta.get("labels") or {}
@@ -143,7 +145,8 @@ def translate_pod(
     slots = [
         _Slot(kind, i, c) for kind in _CONTAINER_KINDS for i, c in enumerate(spec.get(kind) or [])
     ]
-    dialect = _pick_dialect(slots, annotations)
+    owners = dialects.by_resource
+    dialect = _pick_dialect(slots, annotations, owners)
     if dialect is None:
         return None
     mode = annotations.get(dialect.mode_annotation or "", "")
@@ -165,7 +168,7 @@ def translate_pod(
     record: list[dict[str, Any]] = []
     parts: list[str] = []
     for slot in slots:
-        names = [n for n in slot.resource_names() if BY_RESOURCE.get(n) is dialect]
+        names = [n for n in slot.resource_names() if owners.get(n) is dialect]
         if not names:
             continue
         ask = _ask(dialect, slot, labels, warnings)
@@ -213,16 +216,18 @@ def translate_pod(
 # --- which dialect -----------------------------------------------------------------------------
 
 
-def _pick_dialect(slots: Sequence[_Slot], annotations: Mapping[str, str]) -> Dialect | None:
+def _pick_dialect(
+    slots: Sequence[_Slot], annotations: Mapping[str, str], owners: Mapping[str, Dialect]
+) -> Dialect | None:
     """The one dialect the pod speaks; ``Denied`` when it mixes two."""
     flavoured: set[str] = set()  # dialects asked for by more than a plain count
     for slot in slots:
         for name in slot.resource_names():
-            owner = BY_RESOURCE.get(name)
+            owner = owners.get(name)
             if owner and not (owner.count_alone_is_plain and name == owner.count):
                 flavoured.add(owner.name)
     for key in annotations:
-        for owner in BY_RESOURCE.values():
+        for owner in owners.values():
             if key in owner.annotations:
                 flavoured.add(owner.name)
 
@@ -230,7 +235,7 @@ def _pick_dialect(slots: Sequence[_Slot], annotations: Mapping[str, str]) -> Dia
     for slot in slots:
         in_slot: dict[str, str] = {}
         for name in slot.resource_names():
-            owner = BY_RESOURCE.get(name)
+            owner = owners.get(name)
             if owner is None:
                 continue
             if owner.count_alone_is_plain and name == owner.count and owner.name not in flavoured:
@@ -242,7 +247,7 @@ def _pick_dialect(slots: Sequence[_Slot], annotations: Mapping[str, str]) -> Dia
         if dialects and "plain" in in_slot:
             raise Denied(
                 f"{slot.what} asks for {in_slot['plain']} together with "
-                f"{in_slot[dialects[0]]} ({BY_RESOURCE[in_slot[dialects[0]]].title}): "
+                f"{in_slot[dialects[0]]} ({owners[in_slot[dialects[0]]].title}): "
                 f"one container must use one way of asking for GPUs"
             )
     if len(seen) > 1:
@@ -313,6 +318,11 @@ def _ask(d: Dialect, slot: _Slot, labels: Mapping[str, str], warnings: list[str]
     cores_raw = _value(slot, d.cores) if d.cores else None
     units = _value(slot, d.memory) if d.memory else None
     percent_raw = _value(slot, d.memory_percentage) if d.memory_percentage else None
+    # The install's defaults (HAMi's defaultCores, defaultMem) for what the container leaves out.
+    if cores_raw is None and d.default_cores:
+        cores_raw = d.default_cores
+    if units is None and percent_raw is None and d.default_memory:
+        units = d.default_memory
     for ignored in d.ignored:
         if _value(slot, ignored) is not None:
             warnings.append(f"{slot.what}: {ignored} has no DRA counterpart; it was removed")
@@ -336,7 +346,7 @@ def _ask(d: Dialect, slot: _Slot, labels: Mapping[str, str], warnings: list[str]
         explicit = _value(slot, d.count) if d.count else None
         if explicit is None and d.count_label:
             explicit = _label_count(slot, d.count_label, labels)
-        count = 1 if explicit is None else explicit
+        count = d.default_count if explicit is None else explicit
         cores = _percent(slot, d.cores, cores_raw, "percent of the SMs")
         if cores is not None and count > 1 and not d.cores_with_count:
             raise Denied(
@@ -512,8 +522,8 @@ def pointer_escape(token: str) -> str:
 def _originals(slot: _Slot, d: Dialect) -> dict[str, dict[str, Any]]:
     limits, requests = slot.resource_lists()
     return {
-        "limits": {k: v for k, v in limits.items() if BY_RESOURCE.get(k) is d},
-        "requests": {k: v for k, v in requests.items() if BY_RESOURCE.get(k) is d},
+        "limits": {k: v for k, v in limits.items() if k in d.resources},
+        "requests": {k: v for k, v in requests.items() if k in d.resources},
     }
 
 
@@ -522,7 +532,7 @@ def _removals(slot: _Slot, d: Dialect) -> list[dict[str, Any]]:
     base = f"/spec/{slot.kind}/{slot.index}/resources"
     limits, requests = slot.resource_lists()
     for key, values in (("limits", limits), ("requests", requests)):
-        ours = [k for k in values if BY_RESOURCE.get(k) is d]
+        ours = [k for k in values if k in d.resources]
         if not ours:
             continue
         if len(ours) == len(values):
