@@ -28,7 +28,12 @@ GPU_CLASS = "gpu.gpuslice.dev"
 MIG_CLASS = "mig.gpuslice.dev"
 READY = "READY"
 # Every workload prints the variables gpuslice and CUDA give it, then stays up.
-ENV_SCRIPT = f"env | grep -E '^(CUDA_|GPUSLICE_|NVIDIA_)' | sort; echo {READY}; exec sleep 3600"
+# what a workload sees of its GPUs: the environment, and the NVIDIA device nodes (DEV:<path>)
+ENV_SCRIPT = (
+    "env | grep -E '^(CUDA_|GPUSLICE_|NVIDIA_)' | sort;"
+    ' for d in /dev/nvidia* /dev/nvidia-caps/*; do [ -e "$d" ] && echo "DEV:$d"; done;'
+    f" echo {READY}; exec sleep 3600"
+)
 POD_TIMEOUT = 90.0  # image unpack and CDI hooks on a loaded 2-core machine
 
 
@@ -63,6 +68,9 @@ class Cluster:
     ops: NodeOps
     upgrade: Callable[[dict[str, Any]], None]
     device_plugin_nodes: list[str] = field(default_factory=list)
+    # the nodes' driver root has the driver's device nodes (a GPU node, or the real-node tier's
+    # driver root of files), so a container gets its GPUs' nodes; not with the fake backend
+    driver_files: bool = False
     kube: RawApi = field(init=False)
     core: CoreV1Api = field(init=False)
 
@@ -216,15 +224,26 @@ class Cluster:
         text: str = self.core.read_namespaced_pod_log(name, namespace, container=container)
         return text
 
-    def env(self, namespace: str, name: str, container: str = "main") -> dict[str, str]:
-        """The CUDA/gpuslice environment the container printed (``kubectl logs``)."""
-
+    def _printed(self, namespace: str, name: str, container: str) -> str:
         def printed() -> str | None:
             text = self.log(namespace, name, container)
             return text if READY in text else None
 
-        text = wait_for(printed, 30, f"the log of {namespace}/{name}/{container}")
-        return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+        return wait_for(printed, 30, f"the log of {namespace}/{name}/{container}")
+
+    def env(self, namespace: str, name: str, container: str = "main") -> dict[str, str]:
+        """The CUDA/gpuslice environment the container printed (``kubectl logs``)."""
+        text = self._printed(namespace, name, container)
+        return dict(
+            line.split("=", 1)
+            for line in text.splitlines()
+            if "=" in line and not line.startswith("DEV:")
+        )
+
+    def device_nodes(self, namespace: str, name: str, container: str = "main") -> list[str]:
+        """The NVIDIA device nodes the container has (/dev/nvidia*, /dev/nvidia-caps/*)."""
+        text = self._printed(namespace, name, container)
+        return sorted(line[4:] for line in text.splitlines() if line.startswith("DEV:"))
 
     def devices(self, namespace: str, name: str, container: str = "main") -> list[dict[str, str]]:
         """The gpuslice devices the container got, one ``{field: value}`` each (UUID, CLAIM,

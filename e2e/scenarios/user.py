@@ -10,6 +10,7 @@ e2e/kind/test_kind_scenarios.py (kind, users' CI) parametrize over it.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 
 from e2e.sandbox.nodeagent.testing import wait_for
@@ -48,6 +49,12 @@ def exclusive_gpu(cluster: Cluster) -> None:
         assert _allocated(cluster, pod) == [f"gpu-{WHOLE_GPU}"]
         assert device["DEVICE"] == f"gpu-{WHOLE_GPU}" and device["UUID"].startswith("GPU-")
         assert (device["ENFORCEMENT"], device["CORES"]) == ("exclusive", "100")
+        if cluster.driver_files:  # its GPU's device node and the control nodes, no other GPU's
+            nodes = cluster.device_nodes(ns, "whole")
+            gpus = [n for n in nodes if re.fullmatch(r"/dev/nvidia[0-9]+", n)]
+            assert gpus == [f"/dev/nvidia{WHOLE_GPU}"] and "/dev/nvidiactl" in nodes, nodes
+            # NVIDIA's own hook, where installed, must add nothing: the CDI spec decides
+            assert cluster.env(ns, "whole")["NVIDIA_VISIBLE_DEVICES"] == "void"
         # the claim holds all of the GPU: a second claim for it waits
         cluster.template(ns, "again", request("gpu", selector=attribute("index", WHOLE_GPU)))
         cluster.pod(ns, "again", node, templates={"gpu": "again"})
@@ -111,6 +118,10 @@ def static_mig_device(cluster: Cluster) -> None:
         [allocated] = _allocated(cluster, pod)
         assert allocated.startswith(f"gpu-{MIG_GPU}-mig-1g-5gb-"), allocated
         assert device["UUID"].startswith("MIG-") and device["ENFORCEMENT"] == "mig", device
+        if cluster.driver_files:  # the parent GPU's node and the MIG capability nodes
+            nodes = cluster.device_nodes(ns, "mig")
+            caps = [n for n in nodes if n.startswith("/dev/nvidia-caps/nvidia-cap")]
+            assert f"/dev/nvidia{MIG_GPU}" in nodes and caps, nodes
 
 
 def each_container_sees_its_requests(cluster: Cluster) -> None:

@@ -205,6 +205,7 @@ def _cluster_from_registry(
             nodes,
             upgrade,
             list(DEVICE_PLUGIN_NODES),
+            driver_files=True,  # the driver roots of files (DRIVER_ROOT)
         )
         yield cluster, installed, nodes
     except BaseException:
