@@ -1,0 +1,221 @@
+"""examples/ (issue 32): every spec a user copies parses, says what its containers will see, asks
+only for the chart's DeviceClasses, and is accepted by the sandbox's real API server (server-side
+dry run, strict field validation); every chart values file there renders the chart. The real
+run — every example applied on real kubelets and its promises checked — is the scenario
+``examples_run_as_documented`` (e2e/scenarios/examples.py), which the real-node tier and kind run.
+
+The pure parts of that scenario (expect lines, image substitution, device matching) are tested
+here too, without a cluster.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e.sandbox.controlplane import ControlPlane
+from e2e.scenarios.examples import (
+    EXAMPLES,
+    Example,
+    ExampleError,
+    Expectation,
+    check_devices,
+    check_env,
+    load,
+    matches,
+    name_clashes,
+    parse_expectations,
+    resource_of,
+    values_files,
+    with_image,
+    workload_files,
+)
+from e2e.scenarios.user import SCENARIOS
+from e2e.support.chart import find, render
+from gpuslice_device_plugin.config import parse_config
+
+pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
+
+WORKLOADS = workload_files()
+VALUES = values_files()
+
+
+def _ids(paths: list[Path]) -> list[str]:
+    return [p.name for p in paths]
+
+
+def test_the_examples_are_there_and_listed_in_their_readme() -> None:
+    assert {p.name for p in WORKLOADS} >= {
+        "whole-gpu.yaml",
+        "share.yaml",
+        "mig-static.yaml",
+        "nvidia-gpuconfig.yaml",
+        "dialect-hami.yaml",
+        "device-plugin.yaml",
+    }
+    readme = (EXAMPLES / "README.md").read_text()
+    for path in WORKLOADS + VALUES:
+        assert f"({path.name})" in readme, f"examples/README.md does not link {path.name}"
+    assert not name_clashes(load(p) for p in WORKLOADS)
+
+
+@pytest.mark.parametrize("path", WORKLOADS, ids=_ids(WORKLOADS))
+def test_every_example_says_what_it_is_and_what_its_containers_see(path: Path) -> None:
+    text = path.read_text()
+    assert text.startswith("# "), f"{path.name} has no comment header"
+    example = load(path)  # every container has an expect line, every line a container
+    assert example.pods, f"{path.name} has no pod"
+    for pod in example.pods:
+        assert "namespace" not in pod["metadata"], "examples are applied with kubectl -n"
+        for container in pod["spec"]["containers"]:
+            # prints what Cluster.env reads, up to its READY line
+            assert container["command"][:2] == ["sh", "-c"], container
+            assert "echo READY" in container["command"][2], container
+            assert container["image"] == "busybox:1.36", container  # one image to substitute
+
+
+def _device_class_names(obj: Any) -> set[str]:
+    found: set[str] = set()
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            if key == "deviceClassName":
+                found.add(value)
+            else:
+                found |= _device_class_names(value)
+    elif isinstance(obj, list):
+        for item in obj:
+            found |= _device_class_names(item)
+    return found
+
+
+def test_examples_ask_only_for_the_charts_device_classes(helm_bin: Path) -> None:
+    served = {dc["metadata"]["name"] for dc in find(render(helm_bin), "DeviceClass")}
+    asked = set().union(*(_device_class_names(load(p).objects) for p in WORKLOADS))
+    assert asked and asked <= served, (asked, served)
+
+
+@pytest.mark.parametrize("path", VALUES, ids=_ids(VALUES))
+def test_every_values_file_renders_the_chart(helm_bin: Path, path: Path) -> None:
+    assert path.read_text().startswith("# "), f"{path.name} has no comment header"
+    objs = render(helm_bin, "-f", str(path))
+    assert find(objs, "DaemonSet"), path.name
+    values = yaml.safe_load(path.read_text())
+    config = (values.get("devicePlugin") or {}).get("config")
+    if config:  # NVIDIA's config file, decoded as the device plugin decodes it at start
+        parse_config(config, source=path.name)
+
+
+def test_every_example_is_accepted_by_the_api_server(sandbox: ControlPlane, namespace: str) -> None:
+    for path in WORKLOADS:
+        out = subprocess.run(
+            [
+                str(sandbox.binaries.path("kubectl")),
+                f"--kubeconfig={sandbox.kubeconfig}",
+                *("apply", "-n", namespace, "--server-side", "--dry-run=server"),
+                *("--field-manager=gpuslice-examples-test", "--validate=strict", "-f", str(path)),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert out.returncode == 0, f"the API server refused {path.name}:\n{out.stderr}"
+        accepted = [line for line in out.stdout.splitlines() if line.endswith("(server dry run)")]
+        assert len(accepted) == len(load(path).objects), out.stdout
+        assert not out.stderr.strip(), out.stderr  # no warnings either
+
+
+def test_the_examples_scenario_runs_before_dynamic_mig_which_stays_last() -> None:
+    names = [s.__name__ for s in SCENARIOS]
+    assert names[-2:] == ["examples_run_as_documented", "dynamic_mig"], names
+
+
+# ---- the scenario's pure parts --------------------------------------------------------------
+def test_expect_lines_are_parsed() -> None:
+    text = (
+        "# a header\n"
+        "# expect p/c: DEVICE=gpu-* ENFORCEMENT=hard|soft\n"
+        "#   expect-env legacy/main: NVIDIA_VISIBLE_DEVICES=GPU-*\n"
+        "apiVersion: v1\n"
+    )
+    assert parse_expectations(text) == [
+        Expectation("p", "c", {"DEVICE": "gpu-*", "ENFORCEMENT": "hard|soft"}),
+        Expectation("legacy", "main", {"NVIDIA_VISIBLE_DEVICES": "GPU-*"}, env=True),
+    ]
+    for bad in (
+        "# expect p: CORES=1",
+        "# expect p/c: CORES",
+        "# expect p/c:",
+        "# expects p/c: A=1",
+    ):
+        with pytest.raises(ExampleError, match=r"<example>:1"):
+            parse_expectations(bad)
+
+
+def _pod(name: str, *containers: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "initContainers": [{"name": "init", "image": "busybox:1.36"}],
+            "containers": [{"name": c, "image": "busybox:1.36"} for c in containers],
+        },
+    }
+
+
+def test_load_refuses_an_unchecked_container_or_a_line_for_none(tmp_path: Path) -> None:
+    path = tmp_path / "x.yaml"
+    path.write_text(
+        "# expect p/a: CORES=1\n# expect p/init: CORES=1\n" + yaml.safe_dump(_pod("p", "a", "b"))
+    )
+    with pytest.raises(
+        ExampleError, match=r"x.yaml: no expect line for pod/container \[\('p', 'b'\)\]"
+    ):
+        load(path)
+    path.write_text("# expect p/z: CORES=1\n" + yaml.safe_dump(_pod("p")))
+    with pytest.raises(ExampleError, match=r"name no such pod/container: \[\('p', 'z'\)\]"):
+        load(path)
+    path.write_text(yaml.safe_dump({"kind": "Secret", "metadata": {"name": "s"}}))
+    with pytest.raises(ExampleError, match="a 'Secret'"):
+        load(path)
+
+
+def test_the_image_is_substituted_in_every_container_of_a_copy() -> None:
+    pod = _pod("p", "a", "b")
+    out = with_image(pod, "registry.local/python-base:1")
+    spec = out["spec"]
+    for container in spec["initContainers"] + spec["containers"]:
+        assert container["image"] == "registry.local/python-base:1"
+        assert container["imagePullPolicy"] == "IfNotPresent"
+    assert pod["spec"]["containers"][0]["image"] == "busybox:1.36"  # the original is untouched
+    template = {"kind": "ResourceClaimTemplate", "metadata": {"name": "t"}, "spec": {}}
+    assert with_image(template, "x") == template
+    assert resource_of(template) == ("resource.k8s.io/v1", "resourceclaimtemplates")
+    assert resource_of(pod) == ("v1", "pods")
+
+
+def test_patterns_and_device_matching() -> None:
+    assert matches("hard", "hard|soft") and matches("soft", "hard|soft")
+    assert not matches("off", "hard|soft") and not matches(None, "*")
+    assert matches("gpu-3-mig-3g-20gb-4", "gpu-*-mig-3g-20gb-*") and not matches("", "?*")
+    a = Expectation("p", "c", {"REQUEST": "a", "UUID": "MIG-*"})
+    d = Expectation("p", "c", {"REQUEST": "d"})
+    dev_a, dev_d = {"REQUEST": "a", "UUID": "MIG-1"}, {"REQUEST": "d", "UUID": "MIG-2"}
+    assert check_devices([a, d], [dev_d, dev_a]) == []  # in any order
+    assert check_devices([a], [dev_a, dev_d]) == [f"p/c: 2 devices, expected 1: {[dev_a, dev_d]}"]
+    assert check_devices([d], [dev_a]) == ["p/c: REQUEST='a' (expected d)"]
+    assert check_devices([a, a], [dev_a, dev_d])[0].startswith("p/c: no device for each")
+    env = Expectation("legacy", "main", {"NVIDIA_VISIBLE_DEVICES": "GPU-*"}, env=True)
+    assert check_env([env], {"NVIDIA_VISIBLE_DEVICES": "GPU-1"}) == []
+    assert check_env([env], {}) == ["legacy/main: NVIDIA_VISIBLE_DEVICES=None (expected GPU-*)"]
+
+
+def test_name_clashes_between_examples_are_found() -> None:
+    one = Example(Path("a.yaml"), [_pod("p")], [])
+    two = Example(Path("b.yaml"), [_pod("p")], [])
+    assert name_clashes([one, two]) == ["Pod p in a.yaml and b.yaml"]
