@@ -4,8 +4,10 @@ dry run, strict field validation); every chart values file there renders the cha
 run — every example applied on real kubelets and its promises checked — is the scenario
 ``examples_run_as_documented`` (e2e/scenarios/examples.py), which the real-node tier and kind run.
 
-The pure parts of that scenario (expect lines, image substitution, device matching) are tested
-here too, without a cluster.
+Without a cluster: the scenario's pure parts (expect lines, image substitution, device
+matching), every opaque config decoded as the webhook and the kubelet plugin decode it, and
+every pod through the controller's translation (only the HAMi pod is translated, into the share
+its header promises).
 """
 
 from __future__ import annotations
@@ -34,8 +36,11 @@ from e2e.scenarios.examples import (
     with_image,
     workload_files,
 )
+from e2e.scenarios.nodes import L4_MEMORY
 from e2e.scenarios.user import SCENARIOS
 from e2e.support.chart import find, render
+from gpuslice_api.gpuconfig import decode
+from gpuslice_controller.admission.translate import ClusterFacts, translate_pod
 from gpuslice_device_plugin.config import parse_config
 
 pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
@@ -127,6 +132,43 @@ def test_every_example_is_accepted_by_the_api_server(sandbox: ControlPlane, name
         accepted = [line for line in out.stdout.splitlines() if line.endswith("(server dry run)")]
         assert len(accepted) == len(load(path).objects), out.stdout
         assert not out.stderr.strip(), out.stderr  # no warnings either
+
+
+def _opaque_configs(obj: Any) -> list[Any]:
+    found: list[Any] = []
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            found += [value["parameters"]] if key == "opaque" else _opaque_configs(value)
+    elif isinstance(obj, list):
+        for item in obj:
+            found += _opaque_configs(item)
+    return found
+
+
+def test_every_opaque_config_decodes_as_the_webhook_and_the_plugin_decode_it() -> None:
+    configs = [c for p in WORKLOADS for c in _opaque_configs(load(p).objects)]
+    assert {c["apiVersion"] for c in configs} == {"resource.nvidia.com/v1beta1"}, configs
+    for config in configs:
+        decode(config)  # raises with the field named where the webhook would deny it
+
+
+def test_only_the_dialect_example_is_translated_by_the_controller_and_to_its_promise() -> None:
+    """The controller's translation (pure code) of every example pod on the scenario's L4s:
+    a HAMi pod becomes the share its expect line states, every other pod is left alone (a
+    plain nvidia.com/gpu included)."""
+    facts = ClusterFacts.of([L4_MEMORY])
+    translated = {}
+    for path in WORKLOADS:
+        for pod in load(path).pods:
+            t = translate_pod({**pod, "metadata": {**pod["metadata"], "namespace": "ns"}}, facts)
+            if t is not None:
+                translated[pod["metadata"]["name"]] = t
+    assert set(translated) == {"hami"}, set(translated)
+    [template] = translated["hami"].templates
+    [request] = template["spec"]["spec"]["devices"]["requests"]
+    assert request["exactly"]["capacity"]["requests"] == {"cores": "30", "memory": "4Gi"}
+    [expect] = load(EXAMPLES / "dialect-hami.yaml").expectations
+    assert (expect.fields["CORES"], expect.fields["MEMORY"]) == ("30", str(4 * 2**30))
 
 
 def test_the_examples_scenario_runs_before_dynamic_mig_which_stays_last() -> None:
