@@ -125,7 +125,9 @@ def load(path: Path) -> Example:
     objects = [doc for doc in yaml.safe_load_all(text) if doc]
     for obj in objects:
         if obj.get("kind") not in RESOURCES:
-            raise ExampleError(f"{path.name}: a {obj.get('kind')!r}; examples hold {RESOURCES}")
+            raise ExampleError(
+                f"{path.name}: a {obj.get('kind')!r}; examples hold {', '.join(RESOURCES)}"
+            )
     example = Example(path, objects, parse_expectations(text, path.name))
     containers = {
         (p["metadata"]["name"], c["name"])

@@ -6,8 +6,8 @@ run — every example applied on real kubelets and its promises checked — is t
 
 Without a cluster: the scenario's pure parts (expect lines, image substitution, device
 matching), every opaque config decoded as the webhook and the kubelet plugin decode it, and
-every pod through the controller's translation (only the HAMi pod is translated, into the share
-its header promises).
+every pod through the controller's translation (only the dialect-*.yaml pods are translated,
+each into the share its header promises).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from e2e.scenarios.nodes import L4_MEMORY
 from e2e.scenarios.user import SCENARIOS
 from e2e.support.chart import find, render
 from gpuslice_api.gpuconfig import decode
+from gpuslice_api.quantity import quantity_int
 from gpuslice_controller.admission.translate import ClusterFacts, translate_pod
 from gpuslice_device_plugin.config import parse_config
 
@@ -60,6 +61,10 @@ def test_the_examples_are_there_and_listed_in_their_readme() -> None:
         "mig-static.yaml",
         "nvidia-gpuconfig.yaml",
         "dialect-hami.yaml",
+        "dialect-gpushare.yaml",
+        "dialect-vcuda.yaml",
+        "dialect-qgpu.yaml",
+        "dialect-volcano.yaml",
         "device-plugin.yaml",
     }
     readme = (EXAMPLES / "README.md").read_text()
@@ -152,23 +157,29 @@ def test_every_opaque_config_decodes_as_the_webhook_and_the_plugin_decode_it() -
         decode(config)  # raises with the field named where the webhook would deny it
 
 
-def test_only_the_dialect_example_is_translated_by_the_controller_and_to_its_promise() -> None:
+def test_only_the_dialect_examples_are_translated_by_the_controller_and_to_their_promise() -> None:
     """The controller's translation (pure code) of every example pod on the scenario's L4s:
-    a HAMi pod becomes the share its expect line states, every other pod is left alone (a
-    plain nvidia.com/gpu included)."""
+    each dialect-*.yaml pod becomes the share its expect line states, every other pod is left
+    alone (a plain nvidia.com/gpu included)."""
     facts = ClusterFacts.of([L4_MEMORY])
-    translated = {}
+    dialect_pods = set()
     for path in WORKLOADS:
-        for pod in load(path).pods:
+        example = load(path)
+        for pod in example.pods:
+            name = pod["metadata"]["name"]
             t = translate_pod({**pod, "metadata": {**pod["metadata"], "namespace": "ns"}}, facts)
-            if t is not None:
-                translated[pod["metadata"]["name"]] = t
-    assert set(translated) == {"hami"}, set(translated)
-    [template] = translated["hami"].templates
-    [request] = template["spec"]["spec"]["devices"]["requests"]
-    assert request["exactly"]["capacity"]["requests"] == {"cores": "30", "memory": "4Gi"}
-    [expect] = load(EXAMPLES / "dialect-hami.yaml").expectations
-    assert (expect.fields["CORES"], expect.fields["MEMORY"]) == ("30", str(4 * 2**30))
+            if not path.name.startswith("dialect-"):
+                assert t is None, f"{path.name}: the controller would translate pod {name}"
+                continue
+            assert t is not None, f"{path.name}: the controller would leave pod {name} alone"
+            dialect_pods.add(name)
+            [template] = t.templates
+            [request] = template["spec"]["spec"]["devices"]["requests"]
+            asked = request["exactly"]["capacity"]["requests"]
+            [expect] = [e for e in example.expectations if e.pod == name]
+            assert asked["cores"] == expect.fields["CORES"], (path.name, asked)
+            assert quantity_int(asked["memory"]) == int(expect.fields["MEMORY"]), (path.name, asked)
+    assert {"hami", "gpushare", "vcuda", "qgpu", "volcano"} <= dialect_pods, dialect_pods
 
 
 def test_the_examples_scenario_runs_before_dynamic_mig_which_stays_last() -> None:
