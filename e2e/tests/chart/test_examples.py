@@ -182,6 +182,23 @@ def test_only_the_dialect_examples_are_translated_by_the_controller_and_to_their
     assert {"hami", "gpushare", "vcuda", "qgpu", "volcano"} <= dialect_pods, dialect_pods
 
 
+def test_the_pod_webhook_is_sent_every_dialect_examples_pod(helm_bin: Path) -> None:
+    """The API server sends a pod to the controller only when the mutating webhook's
+    matchConditions match it: each resource a dialect example asks for is named there."""
+    [webhooks] = find(render(helm_bin), "MutatingWebhookConfiguration")
+    conditions = " ".join(
+        c["expression"] for w in webhooks["webhooks"] for c in w.get("matchConditions") or []
+    )
+    for path in WORKLOADS:
+        if not path.name.startswith("dialect-"):
+            continue
+        for pod in load(path).pods:
+            for container in pod["spec"]["containers"]:
+                for resource in container["resources"]["limits"]:
+                    if resource != "nvidia.com/gpu":
+                        assert f"'{resource}'" in conditions, (path.name, resource, conditions)
+
+
 def test_the_examples_scenario_runs_before_dynamic_mig_which_stays_last() -> None:
     names = [s.__name__ for s in SCENARIOS]
     assert names[-2:] == ["examples_run_as_documented", "dynamic_mig"], names
