@@ -12,14 +12,17 @@ each into the share its header promises).
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import yaml
 
 from e2e.sandbox.controlplane import ControlPlane
+from e2e.scenarios.cluster import Cluster
 from e2e.scenarios.examples import (
     EXAMPLES,
     Example,
@@ -27,6 +30,7 @@ from e2e.scenarios.examples import (
     Expectation,
     check_devices,
     check_env,
+    examples_run_as_documented,
     load,
     matches,
     name_clashes,
@@ -289,3 +293,80 @@ def test_name_clashes_between_examples_are_found() -> None:
     one = Example(Path("a.yaml"), [_pod("p")], [])
     two = Example(Path("b.yaml"), [_pod("p")], [])
     assert name_clashes([one, two]) == ["Pod p in a.yaml and b.yaml"]
+
+
+class FakeCluster:
+    """What the scenario calls on a Cluster, recorded; each container "sees" what its expect
+    lines promise (a glob's ``*`` and ``?`` filled in, the first ``|`` alternative)."""
+
+    image = "registry.local/gpuslice/python-base:0.1.0-e2e"
+
+    def __init__(self, device_plugin_nodes: list[str]) -> None:
+        self.device_plugin_nodes = device_plugin_nodes
+        self.calls: list[tuple[str, ...]] = []
+        self.created: list[dict[str, Any]] = []
+        self.promised = {
+            (e.pod, e.container, e.env): e for p in WORKLOADS for e in load(p).expectations
+        }
+
+    @contextlib.contextmanager
+    def namespace(self, prefix: str) -> Iterator[str]:
+        self.calls.append(("namespace", prefix))
+        yield "examples-1"
+        self.calls.append(("deleted",))
+
+    def create(self, namespace: str, resource: str, obj: Any, group_version: str = "v1") -> Any:
+        assert namespace == "examples-1"
+        self.calls.append(("create", obj["kind"], obj["metadata"]["name"]))
+        self.created.append(obj)
+        return obj
+
+    def running(self, namespace: str, name: str, timeout: float = 0) -> Any:
+        self.calls.append(("running", name))
+        return {}
+
+    @staticmethod
+    def _fill(fields: Any) -> dict[str, str]:
+        return {k: v.split("|")[0].replace("*", "x").replace("?", "y") for k, v in fields.items()}
+
+    def env(self, namespace: str, name: str, container: str = "main") -> dict[str, str]:
+        return self._fill(self.promised[(name, container, True)].fields)
+
+    def devices(self, namespace: str, name: str, container: str = "main") -> list[dict[str, str]]:
+        return [
+            self._fill(e.fields)
+            for p in WORKLOADS
+            for e in load(p).expectations
+            if (e.pod, e.container, e.env) == (name, container, False)
+        ]
+
+
+def test_the_scenario_creates_everything_first_then_waits_then_checks() -> None:
+    fake = FakeCluster(["gpu-real-dp"])
+    examples_run_as_documented(cast(Cluster, fake))
+    kinds = [c[0] for c in fake.calls]
+    assert kinds[0] == "namespace" and kinds[-1] == "deleted", kinds
+    last_create = max(i for i, k in enumerate(kinds) if k == "create")
+    first_wait = kinds.index("running")
+    assert last_create < first_wait, kinds  # the pods start in parallel
+    pods = {o["metadata"]["name"] for o in fake.created if o["kind"] == "Pod"}
+    assert {c[1] for c in fake.calls if c[0] == "running"} == pods
+    assert len(fake.created) == sum(len(load(p).objects) for p in WORKLOADS)
+    for obj in fake.created:
+        for container in obj.get("spec", {}).get("containers", []) if obj["kind"] == "Pod" else []:
+            assert container["image"] == fake.image, container
+
+
+class BrokenPromise(FakeCluster):
+    """Every device has 99 cores, which no example promises."""
+
+    def devices(self, namespace: str, name: str, container: str = "main") -> list[dict[str, str]]:
+        return [{**d, "CORES": "99"} for d in super().devices(namespace, name, container)]
+
+
+def test_the_scenario_fails_on_a_broken_promise_or_without_a_device_plugin_node() -> None:
+    fake = BrokenPromise(["gpu-real-dp"])
+    with pytest.raises(AssertionError, match=r"whole-gpu.yaml: whole-gpu/main: CORES='99'"):
+        examples_run_as_documented(cast(Cluster, fake))
+    with pytest.raises(AssertionError, match="no device-plugin-mode node"):
+        examples_run_as_documented(cast(Cluster, FakeCluster([])))
