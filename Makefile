@@ -64,12 +64,13 @@ STARTS ?= 200
 start-stress: setup kube-binaries
 	$(PY) hack/start_stress.py --starts $(STARTS)
 
-# The Helm chart: lint, render for 1.34-1.37, every object judged by the sandbox's API server.
+# The Helm chart: lint, render for 1.34-1.37, every object judged by the sandbox's API server;
+# examples/: every spec dry-run against that API server, the chart rendered with every values file.
 chart: setup kube-binaries
 	bash hack/install-helm.sh >/dev/null
 	.tools/bin/helm lint --strict charts/gpuslice
 	$(PY) hack/chart_readme.py --check
-	$(BIN)/pytest -q e2e/tests/chart/test_chart.py
+	$(BIN)/pytest -q e2e/tests/chart/test_chart.py e2e/tests/chart/test_examples.py
 
 # The values table of charts/gpuslice/README.md, regenerated from values.yaml's `# --` comments.
 chart-readme:

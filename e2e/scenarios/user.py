@@ -24,6 +24,7 @@ from e2e.scenarios.cluster import (
     request,
     sample,
 )
+from e2e.scenarios.examples import examples_run_as_documented
 from e2e.scenarios.nodes import MIG_GPU, SHARE_GPU, SHARED_CLAIM_GPU, WHOLE_GPU, gpu_count
 from gpuslice_kube.errors import KubeError
 from gpuslice_kube.raw import Obj, resource_path
@@ -447,5 +448,6 @@ SCENARIOS: list[Callable[[Cluster], None]] = [
     kubelet_restarted,
     node_drain,
     legacy_device_plugin_node,
+    examples_run_as_documented,  # examples/ as a user applies them (e2e/scenarios/examples.py)
     dynamic_mig,
 ]
