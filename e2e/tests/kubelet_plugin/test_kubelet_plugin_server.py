@@ -131,12 +131,22 @@ def test_healthz_and_readyz_follow_the_sockets(harness: Harness) -> None:
     plugin = harness.start(health_addr="127.0.0.1:0")
     port = plugin.app.health_port
     assert port is not None
+    # serving, but no kubelet has registered it: a pod prepared now would fail
+    assert http_probe(port, "/readyz") == 503
+    assert http_probe(port, "/healthz") == 200
+    get_info(plugin.settings.sockets.registration)  # the kubelet's registration, in its order
+    notify(plugin.settings.sockets.registration, True)
     assert http_probe(port, "/readyz") == 200
     assert http_probe(port, "/healthz") == 200
     plugin.app.helper.server.stop_registration()  # the kubelet cannot reach us: not ready
     assert http_probe(port, "/readyz") == 503
     assert http_probe(port, "/healthz") == 200  # ...but alive: no restart for that
     plugin.app.helper.server.start_registration()
+    # a new registration socket: ready again once the kubelet has registered it again
+    wait_for(lambda: plugin.settings.sockets.registration.exists(), 5, "the socket again")
+    assert http_probe(port, "/readyz") == 503
+    get_info(plugin.settings.sockets.registration)
+    notify(plugin.settings.sockets.registration, True)
     wait_for(lambda: http_probe(port, "/readyz") == 200, 5, "ready again")
     plugin.stop()
     assert plugin.app.ready() == ["stopping"]

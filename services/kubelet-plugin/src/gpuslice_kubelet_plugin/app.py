@@ -189,13 +189,22 @@ class KubeletPluginApp:
         return self._serving()
 
     def ready(self) -> list[str]:
-        """``/readyz``: what ``--probe`` checks — GetInfo over the registration socket, an empty
-        NodePrepareResources and grpc.health.v1 over the DRA socket — from this process."""
+        """``/readyz``: the kubelet has registered the plugin (its NotifyRegistrationStatus
+        said so), and what ``--probe`` checks — GetInfo over the registration socket, an empty
+        NodePrepareResources and grpc.health.v1 over the DRA socket — from this process.
+
+        Until the kubelet has registered it, a pod prepared on the node fails with "DRA driver
+        ... is not registered" and the kubelet retries it only after its back-off (77 s seen on
+        the real-node tier, after a restart that answered ready 1 s before the registration):
+        a plugin that is not registered yet is not ready, so a rolling update waits for it."""
         if self._stop.is_set():
             return ["stopping"]
         if not self._started:
             return ["starting"]
-        return self._prober()
+        problems = self._prober()
+        if not self.helper.registered:
+            problems.append("not registered by the kubelet yet")
+        return problems
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
