@@ -228,7 +228,7 @@ def _prepare_monitoring(kube: RawApi) -> None:
         for crd in MONITORING_CRDS:
             got = kube.get(f"{crds}/{crd['metadata']['name']}")
             conditions = {
-                c["type"]: c["status"] for c in got.get("status", {}).get("conditions", [])
+                c["type"]: c["status"] for c in (got.get("status") or {}).get("conditions") or []
             }
             if conditions.get("Established") != "True":
                 return False
