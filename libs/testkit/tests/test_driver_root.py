@@ -84,23 +84,25 @@ def test_the_fake_nodes_device_nodes_are_character_devices_with_nvidias_numbers(
     assert files.devices[dev / "nvidia0"] == (NVIDIA_MAJOR, 0)
 
 
-def test_the_real_backend_runs_on_the_root_with_no_environment_of_its_own(
-    files: DriverRootFiles,
-) -> None:
-    """The mock finds its node file beside itself; the state is where the node file says."""
-    assert json.loads(files.node_file.read_text())["statePath"] == str(files.state_path)
+PRELUDE = (
+    "import json, sys\n"
+    "from pathlib import Path\n"
+    "from gpuslice_nvml import open_nvml\n"
+    "n = open_nvml('real', None, Path(sys.argv[1]))\n"
+)
+
+
+def on_root(root: Path, body: str, *, smi: bool = False) -> str:
+    """``body`` in a child process (one libnvidia-ml per process) with ``n``, the real backend
+    opened on the driver root ``root``, and neither LD_LIBRARY_PATH nor the mock's node variable:
+    what it prints. ``smi``: the root's stand-in nvidia-smi may run (it imports gpuslice_nvml
+    with the python3 beside ours) and no other nvidia-smi is on PATH."""
     env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", mock.NODE_ENV)}
-    script = (
-        "import json, sys\n"
-        "from pathlib import Path\n"
-        "from gpuslice_nvml import open_nvml\n"
-        "n = open_nvml('real', None, Path(sys.argv[1]))\n"
-        "print(json.dumps([str(n.library.path), n.system_info().driver_version,\n"
-        "    [(g.name, g.minor, bool(g.mig_mode and g.mig_mode.current)) for g in n.gpus()],\n"
-        "    len(n.mig_devices(0))]))\n"
-    )
+    if smi:
+        env["PYTHONPATH"] = os.pathsep.join(sys.path)
+        env["PATH"] = f"{Path(sys.executable).parent}:/usr/bin:/bin"
     run = subprocess.run(
-        [sys.executable, "-c", script, str(files.root)],
+        [sys.executable, "-c", PRELUDE + body, str(root)],
         env=env,
         capture_output=True,
         text=True,
@@ -108,7 +110,21 @@ def test_the_real_backend_runs_on_the_root_with_no_environment_of_its_own(
         check=False,
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    library, driver, gpus, migs = json.loads(run.stdout)
+    return run.stdout
+
+
+def test_the_real_backend_runs_on_the_root_with_no_environment_of_its_own(
+    files: DriverRootFiles,
+) -> None:
+    """The mock finds its node file beside itself; the state is where the node file says."""
+    assert json.loads(files.node_file.read_text())["statePath"] == str(files.state_path)
+    out = on_root(
+        files.root,
+        "print(json.dumps([str(n.library.path), n.system_info().driver_version,\n"
+        "    [(g.name, g.minor, bool(g.mig_mode and g.mig_mode.current)) for g in n.gpus()],\n"
+        "    len(n.mig_devices(0))]))\n",
+    )
+    library, driver, gpus, migs = json.loads(out)
     assert library == str(files.library)
     assert driver == "570.158.01"
     assert gpus == [["NVIDIA A100-SXM4-40GB", 0, True], ["NVIDIA L4", 1, False]]
@@ -122,29 +138,14 @@ def test_a_pending_mig_mode_takes_effect_through_the_roots_nvidia_smi(tmp_path: 
     config = tmp_path / "node.yaml"
     config.write_text("gpus:\n  - model: A100-SXM4-40GB\n")
     files = write_driver_root(tmp_path / "root", config, "node-b", tmp_path / "state")
-    env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", mock.NODE_ENV)}
-    env["PATH"] = "/usr/bin:/bin"  # no nvidia-smi of a test's own
-    env["PYTHONPATH"] = os.pathsep.join(sys.path)  # the stand-in imports gpuslice_nvml
-    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"  # its python3
-    script = (
-        "import json, sys\n"
-        "from pathlib import Path\n"
-        "from gpuslice_nvml import open_nvml\n"
-        "n = open_nvml('real', None, Path(sys.argv[1]))\n"
+    out = on_root(
+        files.root,
         "before = n.set_mig_mode(0, True)\n"
         "after = n.reset_gpu(0)\n"
-        "print(json.dumps([[before.current, before.pending], [after.current, after.pending]]))\n"
+        "print(json.dumps([[before.current, before.pending], [after.current, after.pending]]))\n",
+        smi=True,
     )
-    run = subprocess.run(
-        [sys.executable, "-c", script, str(files.root)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert json.loads(run.stdout) == [[False, True], [True, True]]
+    assert json.loads(out) == [[False, True], [True, True]]
 
 
 def test_a_time_slice_reaches_the_fake_node_through_the_roots_nvidia_smi(tmp_path: Path) -> None:
@@ -153,24 +154,6 @@ def test_a_time_slice_reaches_the_fake_node_through_the_roots_nvidia_smi(tmp_pat
     config = tmp_path / "node.yaml"
     config.write_text("gpus:\n  - model: A100-SXM4-40GB\n  - model: L4\n")
     files = write_driver_root(tmp_path / "root", config, "node-c", tmp_path / "state")
-    env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", mock.NODE_ENV)}
-    env["PYTHONPATH"] = os.pathsep.join(sys.path)  # the stand-in imports gpuslice_nvml
-    env["PATH"] = f"{Path(sys.executable).parent}:/usr/bin:/bin"  # its python3, no nvidia-smi
-    script = (
-        "import sys\n"
-        "from pathlib import Path\n"
-        "from gpuslice_nvml import open_nvml\n"
-        "n = open_nvml('real', None, Path(sys.argv[1]))\n"
-        "n.set_compute_time_slice(1, 2)\n"
-    )
-    run = subprocess.run(
-        [sys.executable, "-c", script, str(files.root)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
+    on_root(files.root, "n.set_compute_time_slice(1, 2)\n", smi=True)
     control = FakeNvmlControl.from_config_file(files.root / CONFIG_IN_ROOT)
     assert [g.time_slice for g in control.state().gpus] == [0, 2]
