@@ -28,18 +28,10 @@ pytestmark = pytest.mark.timeout(300)  # a cold build fetches nvml.h from PyPI f
 ROOT = Path(__file__).resolve().parents[4]
 
 
-@pytest.fixture(scope="module")
-def mock_lib() -> Path:
-    """The built mock (hack/nvml-mock.sh, cached)."""
-    build = subprocess.run(
-        ["bash", str(ROOT / "hack" / "nvml-mock.sh")],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert build.returncode == 0, f"hack/nvml-mock.sh failed:\n{build.stderr}"
-    return Path(build.stdout.strip().splitlines()[-1]) / "libnvidia-ml.so.1"
+@pytest.fixture
+def mock_lib(mock_lib_dir: Path) -> Path:
+    """The built mock (conftest's mock_lib_dir)."""
+    return mock_lib_dir / "libnvidia-ml.so.1"
 
 
 CHILD = textwrap.dedent(

@@ -25,21 +25,6 @@ SUITES = [TESTS / "contract", TESTS / "onmock"]
 pytestmark = pytest.mark.timeout(300)  # a cold build fetches nvml.h from PyPI first
 
 
-@pytest.fixture(scope="module")
-def mock_lib_dir() -> Path:
-    build = subprocess.run(
-        ["bash", str(ROOT / "hack" / "nvml-mock.sh")],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert build.returncode == 0, f"hack/nvml-mock.sh failed:\n{build.stderr}"
-    lib_dir = Path(build.stdout.strip().splitlines()[-1])
-    assert (lib_dir / "libnvidia-ml.so.1").is_file()
-    return lib_dir
-
-
 def test_the_library_exports_what_the_real_backend_calls(mock_lib_dir: Path) -> None:
     symbols = subprocess.run(
         ["nm", "-D", "--defined-only", str(mock_lib_dir / "libnvidia-ml.so.1")],
