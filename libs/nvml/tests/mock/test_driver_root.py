@@ -25,8 +25,6 @@ from gpuslice_nvml.fake.node import load_node
 
 pytestmark = pytest.mark.timeout(300)  # a cold build fetches nvml.h from PyPI first
 
-ROOT = Path(__file__).resolve().parents[4]
-
 
 @pytest.fixture
 def mock_lib(mock_lib_dir: Path) -> Path:
