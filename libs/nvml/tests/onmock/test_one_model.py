@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import os
 import subprocess
 import sys
@@ -177,6 +178,32 @@ def test_processes_memory_and_utilization_agree(open_node: OpenNode) -> None:
     assert node.real.process_utilization(2, since_us=real_samples[0].timestamp_us + 10**9) == []
     with pytest.raises(e.NvmlNotSupported):
         node.real.process_utilization(0)  # MIG mode
+
+
+def test_reads_go_on_while_a_frozen_client_holds_the_state_lock(open_node: OpenNode) -> None:
+    """A workload registered on the fake node may be frozen by the enforcer in the middle of a
+    change (holding the state's lock); the watchdog's reads through either front end must not
+    wait for it, or nothing would ever thaw it."""
+    node = open_node(MIG_NODE)
+    node.control.add_process(4001, 2, used_memory_bytes=GIB, sm_percent=60)
+    lock_path = node.fake.store.path.with_name(node.fake.store.path.name + ".lock")
+    fd = os.open(lock_path, os.O_RDWR)
+    answers: dict[str, object] = {}
+
+    def read() -> None:
+        for name, nvml in (("real", node.real), ("fake", node.fake)):
+            answers[name] = [p.pid for p in nvml.running_processes(2)]
+            nvml.process_utilization(2)
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # the frozen writer
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        reader.join(10)
+        assert not reader.is_alive(), "a read waited for the lock a frozen writer holds"
+    finally:
+        os.close(fd)
+    assert answers == {"real": [4001], "fake": [4001]}
 
 
 def test_an_mps_client_is_listed_apart_from_own_contexts(open_node: OpenNode) -> None:

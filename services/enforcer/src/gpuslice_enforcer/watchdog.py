@@ -15,7 +15,8 @@ Every ``sample_interval_s`` (default 100 ms), for each GPU that has shares:
    the share's cgroups are frozen (v1 ``freezer.state`` / v2 ``cgroup.freeze``) for the next
    period, so the long-run use converges to the limit.
 
-Safety: a failed sample (any NVML error) kills nothing and thaws the GPU's shares (fail open);
+Safety: a failed sample (any NVML error, or any crash of the sample) kills nothing and thaws
+the shares it concerns (fail open);
 processes of unknown owners are ignored; a root cgroup or the enforcer's own is never frozen;
 every frozen cgroup is thawed when its share is released and when the watchdog stops, and a
 restarted watchdog thaws whatever its predecessor left frozen that it does not want frozen.
@@ -228,11 +229,26 @@ class Watchdog:
                     crashed[key] = (last, times + 1)
                 if len(crashed) > 64:
                     crashed.clear()
+                self._fail_open()
             next_at += interval
             delay = next_at - self._clock()
             if delay < 0:  # fell behind: do not try to catch up in a burst
                 next_at, delay = self._clock(), 0
             self._stop.wait(delay)
+
+    def _fail_open(self) -> None:
+        """After a sample that crashed: thaw every share this watchdog froze, as a failed NVML
+        sample does. A share frozen for one period must not stay frozen because the sample that
+        would have thawed it failed (e.g. a /proc read racing an exit, out of descriptors)."""
+        with self._lock:
+            for runtime in self._runtime.values():
+                if runtime.frozen:
+                    for bucket in runtime.buckets.values():
+                        bucket.frozen = False
+                    try:
+                        self._apply(runtime, frozen=False)
+                    except Exception:  # best effort: the next sample tries again
+                        log.warning("cannot thaw a share after a crashed sample", exc_info=True)
 
     # -- one sample -----------------------------------------------------------------------
     def sample_once(self) -> None:

@@ -1,10 +1,14 @@
 """The fake node's mutable state, shared by every process through one JSON file.
 
 Several processes simulate one node together (kubelet plugin, enforcer, MIG manager, a test),
-so nothing mutable lives in memory: each operation locks ``<state>.lock`` with ``fcntl.flock``,
-reads the JSON, changes it and replaces the file atomically (temp file, fsync, rename). Readers
-take the lock shared and always see a whole file. The file records the digest of the config it
-was made from; when the config changes (a different node), the state starts over from it.
+so nothing mutable lives in memory: each change locks ``<state>.lock`` with ``fcntl.flock``
+(exclusive), reads the JSON, changes it and replaces the file atomically (temp file, fsync,
+rename). Readers take no lock: the rename means they always see a whole file, old or new. That
+matters on this node: the workloads that register themselves here are the processes the
+enforcer freezes, and one frozen while it held a lock readers wait for would stop the very
+watchdog sample that thaws it (a real driver's NVML queries never wait on a client). The file
+records the digest of the config it was made from; when the config changes (a different node),
+the state starts over from it.
 """
 
 from __future__ import annotations
@@ -134,9 +138,8 @@ class StateStore:
         self._initial = initial
 
     def read(self) -> NodeState:
-        """The current state (created from the config on first use)."""
-        with self._locked(fcntl.LOCK_SH):
-            state = self._load()
+        """The current state (created from the config on first use); takes no lock."""
+        state = self._load()
         if state is not None:
             return state
         with self.transaction() as fresh:
@@ -195,8 +198,13 @@ class StateStore:
         """The state on disk, or ``None`` when it is missing or from another config/schema."""
         try:
             raw = self.path.read_bytes()
-        except FileNotFoundError:
-            return None
+        except (FileNotFoundError, NotADirectoryError):
+            return None  # the transaction that makes it says what is wrong with the place
+        except OSError as exc:
+            raise FailedPreconditionError(
+                f"cannot read the fake NVML state at {self.path}: {exc.strerror}; "
+                "set statePath in the config to a readable place"
+            ) from exc
         try:
             state = NodeState.model_validate_json(raw)
         except ValidationError as exc:
