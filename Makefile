@@ -24,7 +24,11 @@ demo: setup
 inventory: setup
 	$(PY) -m gpuslice_nvml.inventory --nvml=fake --fake-nvml-config e2e/fixtures/sample-node.yaml
 
-test: lint typecheck imports proto-check unit
+# Everything CI runs. hack/test.sh runs the real-node tier (e2e/tests/realnode) as a pytest
+# session of its own alongside lint, typecheck, imports, proto-check and the other tests
+# (GPUSLICE_TEST_SERIAL=1: one after the other); `make unit` is the single serial session.
+test: setup kube-binaries node-binaries hook-binary images nvml-mock
+	bash hack/test.sh
 
 lint: setup
 	$(BIN)/ruff check .
