@@ -137,6 +137,11 @@ def test_a_gpu_is_labelled_as_dcgm_exporter_labels_it() -> None:
     assert {"namespace", "pod", "container", "gpu", "UUID", "GPU_I_PROFILE", "GPU_I_ID"} <= set(
         containers
     )
+    # what adds GPU_I_ID to the controller's series: on (Hostname, dra_device)
+    instance = {"gpu", "UUID", "GPU_I_PROFILE", "GPU_I_ID"}
+    plugin = labelled()["kubelet-plugin"]["gpuslice_kubelet_plugin_device_info"]
+    assert {*instance, "dra_device"} <= set(plugin)
+    assert instance <= set(labelled()["mig-manager"]["gpuslice_mig_manager_instance_info"])
 
 
 def test_every_service_is_given_its_subsystems() -> None:
@@ -193,6 +198,8 @@ def test_the_names_are_the_ones_dashboards_know() -> None:
         "gpuslice_enforcer_share_memory_used_bytes",
         "gpuslice_kubelet_plugin_published_devices",
         "gpuslice_mig_manager_instances",
+        "gpuslice_mig_manager_instance_info",
+        "gpuslice_kubelet_plugin_device_info",
         "gpuslice_device_plugin_devices",
         "gpuslice_container_gpu_memory_used_bytes",
         "gpuslice_controller_admission",

@@ -62,7 +62,8 @@ class KubeletPluginApp:
         s = self.settings = settings
         self.nvml = nvml
         self.raw = raw
-        self.metrics = PluginMetrics()
+        # device_info is read at scrape time, which comes after the state is built (start())
+        self.metrics = PluginMetrics(devices=lambda: self.state.device_rows())
         self._stop = threading.Event()
         self._metrics_server: WSGIServer | None = None
         self._health_server: HealthServer | None = None

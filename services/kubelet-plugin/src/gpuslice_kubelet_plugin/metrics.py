@@ -9,6 +9,12 @@
 - ``health_events_total`` {kind}; ``tainted_devices`` {effect}.
 - ``recovered_total`` {action}: recovery after a crash (rolled_back, unprepared, orphan_spec,
   orphan_share, orphan_mig, spec_rewritten); ``gc_unprepared_total``.
+- ``device_info`` {gpu, UUID, GPU_I_PROFILE, GPU_I_ID, dra_device} (1): each device of the
+  node that exists now, as dcgm-exporter labels it and by its ResourceSlice name: every whole
+  GPU (no GPU_I_PROFILE, GPU_I_ID), every static MIG device, and every dynamic MIG device while
+  a prepared claim holds its instance. Read at scrape time (``DeviceRow``), so a destroyed
+  instance has no series. It is how the controller's series, which carry ``dra_device`` and no
+  GPU instance id, join dcgm-exporter's per-instance ones (docs/metrics.md).
 
 The helper's metrics go into the same registry under the same prefix (``helper``,
 ``gpuslice_draplugin.HelperMetrics``): ``rpc_total`` / ``rpc_duration_seconds`` {result} (DRA
@@ -19,23 +25,62 @@ that wrote), ``published_devices`` and ``published_slices`` (what the pool holds
 from __future__ import annotations
 
 from collections import Counter as Tally
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from gpuslice_core.metrics import OperationMetrics, Subsystem, metric_name, standard_series
 from gpuslice_draplugin import HelperMetrics
 from gpuslice_kubelet_plugin import __version__
 
 COMPONENT = Subsystem.KUBELET_PLUGIN
+DEVICE_INFO_LABELS = ("gpu", "UUID", "GPU_I_PROFILE", "GPU_I_ID", "dra_device")
+
+
+class DeviceRow(NamedTuple):
+    """One ``device_info`` series: ``DEVICE_INFO_LABELS``, in order; a whole GPU's
+    ``profile`` and ``gpu_instance_id`` are empty (Prometheus drops an empty label)."""
+
+    gpu: str
+    uuid: str  # the GPU's; a MIG device's parent GPU's, as dcgm-exporter's UUID
+    profile: str
+    gpu_instance_id: str
+    dra_device: str
+
+
+class DeviceInfo(Collector):
+    """``device_info``, built from ``rows()`` at every scrape: nothing to keep in step."""
+
+    def __init__(self, rows: Callable[[], Iterable[DeviceRow]]) -> None:
+        self.rows = rows
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            metric_name(COMPONENT, "device_info"),
+            "Each device of the node that exists now (value 1): its GPU and MIG GPU instance "
+            "as dcgm-exporter labels them, and its name in the ResourceSlice.",
+            labels=DEVICE_INFO_LABELS,
+        )
+        for row in sorted(set(self.rows())):
+            family.add_metric(list(row), 1)
+        yield family
 
 
 class PluginMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        devices: Callable[[], Iterable[DeviceRow]] = lambda: (),
+    ) -> None:
+        """``devices`` gives the ``device_info`` rows; it is called at scrape time only."""
         self.registry = registry or CollectorRegistry()
         r = self.registry
         standard_series(r, component=COMPONENT, version=__version__)
+        r.register(DeviceInfo(devices))
         self.prepare = OperationMetrics(COMPONENT, "prepare", "Claims prepared", r)
         self.unprepare = OperationMetrics(COMPONENT, "unprepare", "Claims unprepared", r)
         self.helper = HelperMetrics(COMPONENT, r)

@@ -44,9 +44,9 @@ from gpuslice_kubelet_plugin.checkpoint import (
     PluginState,
 )
 from gpuslice_kubelet_plugin.claims import ClaimError, claim_error, parse_claim
-from gpuslice_kubelet_plugin.discovery import Inventory
+from gpuslice_kubelet_plugin.discovery import Device, Inventory
 from gpuslice_kubelet_plugin.enforcer import Enforcer, ShareGrant
-from gpuslice_kubelet_plugin.metrics import PluginMetrics
+from gpuslice_kubelet_plugin.metrics import DeviceRow, PluginMetrics
 from gpuslice_kubelet_plugin.migclient import MigInstance, MigManager, owner_for
 from gpuslice_kubelet_plugin.plan import Plan, check_overlap, make_plan
 from gpuslice_kubelet_plugin.timeslice import TimeSlicer, check_time_slices
@@ -144,6 +144,10 @@ class DeviceState:
 
     def _refresh_gauges(self, state: PluginState) -> None:
         self.metrics.observe_state(state.claims.values())
+
+    def device_rows(self) -> list[DeviceRow]:
+        """``device_info``'s rows, read at each scrape (``device_rows``)."""
+        return device_rows(self.inventory(), self.committer.read())
 
     # ---- prepare ---------------------------------------------------------------------------
     def prepare(self, refs: list[ClaimRef]) -> dict[str, Outcome]:
@@ -484,6 +488,31 @@ class DeviceState:
                 log.warning("destroying an orphaned MIG instance", claim_uid=uid, mig=inst.mig_uuid)
                 self.mig.destroy(inst.gpu_uuid, inst.gpu_instance_id, inst.owner)
                 self.metrics.recovered.labels(action="orphan_mig").inc()
+
+
+def device_rows(inventory: Inventory, state: PluginState) -> list[DeviceRow]:
+    """The devices that exist now. Whole GPUs and static MIG devices are the inventory's; a
+    dynamic MIG device exists from its claim's prepare to its unprepare, and only the claim's
+    record knows the GPU instance id NVML gave it."""
+    rows = [
+        device_row(d, d.mig.gpu_instance_id if d.mig else None)
+        for d in inventory.devices
+        if d.mig is None or not d.mig.dynamic
+    ]
+    for record in state.claims.values():
+        for held in record.devices:
+            device = inventory.get(held.device)
+            if held.gpu_instance_id is not None and device is not None:
+                rows.append(device_row(device, held.gpu_instance_id))
+    return rows
+
+
+def device_row(device: Device, gpu_instance_id: int | None) -> DeviceRow:
+    """A device as dcgm-exporter labels it: a MIG device is its parent GPU's index and UUID
+    with its profile and GPU instance id."""
+    profile = device.mig.profile if device.mig else ""
+    gi = "" if gpu_instance_id is None else str(gpu_instance_id)
+    return DeviceRow(str(device.gpu_index), device.gpu_uuid, profile, gi, device.name)
 
 
 def record_grant(record: ClaimRecord, grant: ShareGrant) -> None:

@@ -105,10 +105,19 @@ class MigManager:
             state = self.state()
             snaps = [self.snapshot(g.index, state) for g in self.gpu_infos()]
         for snap in snaps:
-            self.metrics.set_instances(
-                snap.index, snap.info.uuid, (i.profile_name for i in snap.instances)
-            )
+            self.metrics.set_instances(snap.index, snap.info.uuid, snap.instances)
         return snaps
+
+    def _observe(self, index: int) -> None:
+        """Refresh one GPU's instance series after a change made for a claim, so a scrape
+        does not wait for the next list or reconcile to see it. A GPU that cannot be read now
+        is left to that next pass: the change itself succeeded."""
+        try:
+            snap = self.snapshot(index)
+        except GpusliceError as exc:
+            log.warning("instance metrics not refreshed", gpu=index, error=str(exc))
+            return
+        self.metrics.set_instances(index, snap.info.uuid, snap.instances)
 
     # -- on-demand instances ----------------------------------------------------------------
     def create_instance(
@@ -167,6 +176,7 @@ class MigManager:
             created = self.create_batch(
                 snap, [NewInstance(profile_name, shape, placement)], owner=owner, layout=""
             )
+            self._observe(index)
             log.info(
                 "instance created",
                 gpu=index,
@@ -220,6 +230,7 @@ class MigManager:
                     f" {', '.join(str(p) for p in view.pids)}"
                 )
             self.destroy_batch(snap, [view])
+            self._observe(index)
             log.info("instance destroyed", gpu=index, gpu_instance=gpu_instance_id, owner=owner)
             return Removed(view, True)
 

@@ -16,7 +16,8 @@ series whose result is not ``success``.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 from prometheus_client import Counter as PromCounter
@@ -29,6 +30,9 @@ from gpuslice_core.metrics import (
     standard_series,
 )
 from gpuslice_mig_manager import __version__
+
+if TYPE_CHECKING:
+    from gpuslice_mig_manager.snapshot import InstanceView
 
 COMPONENT = Subsystem.MIG_MANAGER
 
@@ -69,18 +73,34 @@ class Metrics:
             registry=self.registry,
         )
         self._instance_series: set[tuple[str, str, str]] = set()
+        self.instance_info = Gauge(
+            metric_name(COMPONENT, "instance_info"),
+            "Each live MIG GPU instance (value 1): its GPU, profile and GPU instance id as "
+            "dcgm-exporter labels them, and the layout that made or kept it (empty: on demand).",
+            ["gpu", "UUID", "GPU_I_PROFILE", "GPU_I_ID", "layout"],
+            registry=self.registry,
+        )
+        self._info_series: dict[tuple[str, str], set[tuple[str, str, str, str, str]]] = {}
 
     def observe_apply(self, result: str, seconds: float) -> None:
         self.apply_total.labels(result=result).inc()
         self.apply_duration.labels(result=result).observe(seconds)
 
-    def set_instances(self, gpu: int, uuid: str, profiles: Iterable[str]) -> None:
-        """Replace GPU ``gpu``'s per-profile instance counts (profiles gone drop to 0)."""
-        counts = Counter(profiles)
+    def set_instances(self, gpu: int, uuid: str, instances: Sequence[InstanceView]) -> None:
+        """Replace GPU ``gpu``'s series with its live ``instances``: per-profile counts
+        (profiles gone drop to 0) and one ``instance_info`` each (instances gone are removed,
+        so a destroyed instance leaves no series behind)."""
         label = str(gpu)
+        counts = Counter(i.profile_name for i in instances)
         for series in [s for s in self._instance_series if s[:2] == (label, uuid)]:
             if series[2] not in counts:
                 self.instances.labels(*series).set(0)
         for profile, count in counts.items():
             self.instances.labels(label, uuid, profile).set(count)
             self._instance_series.add((label, uuid, profile))
+        live = {(label, uuid, i.profile_name, str(i.gpu_instance_id), i.layout) for i in instances}
+        for gone in self._info_series.get((label, uuid), set()) - live:
+            self.instance_info.remove(*gone)
+        for instance in live:
+            self.instance_info.labels(*instance).set(1)
+        self._info_series[(label, uuid)] = live
