@@ -63,6 +63,7 @@ class Settings:
     cluster_view: bool
     claim_node_labels: bool
     view_auth_ttl: float
+    aggregated_api: bool
     live_usage_interval: float
     live_usage_timeout: float
     enforcer_namespace: str
@@ -109,6 +110,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         cluster_view=args.cluster_view,
         claim_node_labels=args.claim_node_labels,
         view_auth_ttl=args.view_auth_ttl,
+        aggregated_api=args.aggregated_api,
         live_usage_interval=args.live_usage_interval,
         live_usage_timeout=args.live_usage_timeout,
         enforcer_namespace=args.enforcer_namespace,
@@ -287,6 +289,16 @@ def build_parser() -> EnvArgumentParser:
         help=(
             "Seconds a token that passed its TokenReview and SubjectAccessReview is trusted by"
             " the /view/ endpoints before it is reviewed again."
+        ),
+    )
+    p.add_bool_flag(
+        "--aggregated-api",
+        default=False,
+        help=(
+            "Serve the cluster view's GPUs as the aggregated API gpus.view.gpuslice.dev on the"
+            " HTTPS server (kubectl get gpus), for the API server's front proxy only: needs the"
+            " cluster view, read access to kube-system/extension-apiserver-authentication and"
+            " an APIService pointing at this controller (docs/view-api.md)."
         ),
     )
     p.add_flag(

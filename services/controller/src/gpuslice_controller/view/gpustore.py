@@ -1,0 +1,124 @@
+"""The view's GPUs as versioned objects, with the recent changes a watch replays.
+
+``GpuStore.refresh()`` derives every ``GPU`` object from the view (``gpuslice_view.resource``)
+and compares it with what it holds: a new object is ``ADDED``, a changed one ``MODIFIED``, a
+gone one ``DELETED``; each change takes the next resourceVersion, and an object's version is
+that of its last change, as in etcd. The last ``history`` changes are kept, each with the
+object before it, so a watch from a version can be replayed, and a watch with a label selector
+can tell an object that left the selection (``DELETED`` for it) from one that changed in it.
+
+Refreshing is driven from outside: the feeder's listener marks the store dirty (``mark``: only
+an Event, the reflector thread must not wait), and ``run`` refreshes soon after a mark, and
+every ``interval`` seconds anyway (live figures and staleness change without an API event).
+A list also refreshes first, so a list never answers older than the view.
+
+Versions start at the wall clock in microseconds, so a restarted controller never reuses one it
+gave before: a watch from a version of another process (or of another replica behind the same
+Service) is older or newer than anything here and is answered 410 Expired, and the client lists
+again, as with a compacted etcd (docs/view-api.md, "resourceVersion").
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gpuslice_controller.view.metrics import ViewSource
+from gpuslice_view import report, resource
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Change:
+    version: int
+    type: str  # ADDED | MODIFIED | DELETED
+    obj: Obj
+    before: Obj | None
+
+
+def _content(obj: Obj) -> Obj:
+    meta = {k: v for k, v in obj["metadata"].items() if k != "resourceVersion"}
+    return {**obj, "metadata": meta}
+
+
+class GpuStore:
+    def __init__(
+        self, source: ViewSource, *, history: int = 1024, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.source = source
+        self._objects: dict[str, Obj] = {}
+        self._version = int(clock() * 1_000_000)
+        self._oldest = self._version  # replayable: changes after this version
+        self._changes: deque[Change] = deque(maxlen=history)
+        self._cond = threading.Condition()
+        self._dirty = threading.Event()
+
+    @property
+    def version(self) -> int:
+        with self._cond:
+            return self._version
+
+    def mark(self, *_: object) -> None:
+        """Something in the view changed (a feeder listener)."""
+        self._dirty.set()
+
+    def run(self, stop: threading.Event, interval: float = 2.0, settle: float = 0.05) -> None:
+        while not stop.is_set():
+            if self._dirty.wait(interval):
+                stop.wait(settle)  # one refresh for a burst of events
+            self._dirty.clear()
+            if self.source.synced.is_set():
+                self.refresh()
+
+    def refresh(self) -> int:
+        """Bring the objects up to the view; the current version."""
+        rows = self.source.read(report.gpu_rows)
+        fresh = {}
+        for row in rows:
+            obj = resource.gpu_object(row)
+            fresh[obj["metadata"]["name"]] = obj
+        with self._cond:
+            for name, obj in fresh.items():
+                old = self._objects.get(name)
+                if old is not None and _content(old) == obj:
+                    continue
+                self._record("ADDED" if old is None else "MODIFIED", name, obj, old)
+            for name in [n for n in self._objects if n not in fresh]:
+                old = self._objects.pop(name)
+                gone = {**old, "metadata": dict(old["metadata"])}
+                self._record("DELETED", name, gone, old, keep=False)
+            self._cond.notify_all()
+            return self._version
+
+    def _record(self, kind: str, name: str, obj: Obj, old: Obj | None, keep: bool = True) -> None:
+        """One change (lock held)."""
+        self._version += 1
+        if len(self._changes) == self._changes.maxlen:
+            self._oldest = self._changes[0].version
+        obj["metadata"]["resourceVersion"] = str(self._version)
+        if keep:
+            self._objects[name] = obj
+        self._changes.append(Change(self._version, kind, obj, old))
+
+    def snapshot(self) -> tuple[int, list[Obj]]:
+        """(the version, every object by name)."""
+        with self._cond:
+            return self._version, [self._objects[n] for n in sorted(self._objects)]
+
+    def changes_since(self, version: int) -> list[Change] | None:
+        """The changes after ``version``; None when they are not all kept any more, or the
+        version was never given here."""
+        with self._cond:
+            if version < self._oldest or version > self._version:
+                return None
+            return [c for c in self._changes if c.version > version]
+
+    def wait(self, version: int, timeout: float) -> None:
+        """Until there is a change after ``version``, at most ``timeout`` seconds."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._version > version, timeout)
