@@ -140,7 +140,9 @@ class ControllerApp:
                 "--aggregated-api serves the cluster view: it needs --cluster-view"
             )
         self.secret_watch = TlsSecretWatch(raw, s.namespace, s.tls_secret, cert)
-        webhooks = rotation.WebhookConfigs(s.validating_webhooks, s.mutating_webhooks)
+        webhooks = rotation.WebhookConfigs(
+            s.validating_webhooks, s.mutating_webhooks, s.apiservices
+        )
         self.bundles = BundleReadiness(raw, webhooks, lambda: cert.chain)
         self.server = WebhookServer(
             metrics.parse_addr(s.webhook_addr),

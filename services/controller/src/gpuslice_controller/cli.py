@@ -58,6 +58,7 @@ class Settings:
     cert_check_interval: float
     validating_webhooks: tuple[str, ...]
     mutating_webhooks: tuple[str, ...]
+    apiservices: tuple[str, ...]
     leader_elect: bool
     lease_name: str
     cluster_view: bool
@@ -105,6 +106,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         cert_check_interval=args.cert_check_interval,
         validating_webhooks=tuple(args.validating_webhooks),
         mutating_webhooks=tuple(args.mutating_webhooks),
+        apiservices=tuple(args.apiservices),
         leader_elect=args.leader_elect,
         lease_name=args.lease_name,
         cluster_view=args.cluster_view,
@@ -248,6 +250,16 @@ def build_parser() -> EnvArgumentParser:
         type=names,
         default=("gpuslice-controller",),
         help="Comma-separated MutatingWebhookConfigurations whose caBundle the leader keeps.",
+    )
+    p.add_flag(
+        "--apiservices",
+        type=names,
+        default=(),
+        help=(
+            "Comma-separated APIServices (the aggregated API's, v1alpha1.view.gpuslice.dev)"
+            " whose spec.caBundle the leader keeps and readiness waits for, like the webhook"
+            " configurations'."
+        ),
     )
     p.add_bool_flag(
         "--leader-elect",
