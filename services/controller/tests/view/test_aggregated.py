@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from email.message import Message
 from http import HTTPStatus
 from typing import Any
@@ -230,7 +231,10 @@ def test_watch_starts_with_the_state_as_table_rows_and_ends_in_time() -> None:
 
 
 def test_watch_from_a_version_not_kept_is_410_and_watches_are_capped() -> None:
-    a = api(max_watches=1)
+    source = t.FixedFeeder(cluster())
+    store = GpuStore(source, history=2)  # four objects: the first two changes are forgotten
+    a = AggregatedApi(store, Grants("watch"), lambda: CONFIG, source.synced, max_watches=1)
+    store.refresh()
     stream = watch(a, "resourceVersion=1")
     [error] = events(stream, 1)
     assert error["type"] == "ERROR" and error["object"]["code"] == 410
@@ -263,3 +267,41 @@ def test_store_versions_only_changes_and_wakes_waiters() -> None:
     [gone] = store.changes_since(first) or []
     assert (gone.type, gone.obj["metadata"]["name"]) == ("DELETED", "node-b.gpu-0")
     assert store.changes_since(first - 10) is None  # before anything kept
+
+
+def test_a_watch_from_another_replicas_version_misses_no_change() -> None:
+    """The API server may list from one replica and watch from another: the watch catches up
+    with the current state of what changed around that version, and goes on from there."""
+    now = {"t": 100.0}
+
+    def clock(lag: float) -> Callable[[], float]:
+        return lambda: now["t"] + lag
+
+    feeders = [t.FixedFeeder(cluster()), t.FixedFeeder(cluster())]
+    replicas = [
+        AggregatedApi(
+            GpuStore(f, clock=clock(lag)),
+            Grants("get", "list", "watch"),
+            lambda: CONFIG,
+            f.synced,
+        )
+        for f, lag in zip(feeders, (0.0, 0.002), strict=True)
+    ]
+    for replica in replicas:
+        replica.store.refresh()
+    _, listed = get(replicas[0], f"{GPUS}?labelSelector=gpuslice.dev/allocated=true")
+    now["t"] += 1
+    for feeder, replica in zip(feeders, replicas, strict=True):
+        taken = t.claim("web", "w", results=[t.result("node-a", "gpu-1")])
+        feeder.view.apply("ResourceClaim", "ADDED", taken)
+        replica.store.refresh()
+    version = listed["metadata"]["resourceVersion"]
+    assert not replicas[1].store.ours(int(version))
+    stream = watch(
+        replicas[1],
+        f"labelSelector=gpuslice.dev/allocated=true&resourceVersion={version}&timeoutSeconds=0.1",
+    )
+    seen = [json.loads(c) for c in stream.chunks if c]
+    stream.release()
+    assert ("ADDED", "node-a.gpu-1") in [(e["type"], e["object"]["metadata"]["name"]) for e in seen]
+    assert all(e["type"] != "ERROR" for e in seen)

@@ -27,7 +27,8 @@ aggregated API server does. Until the view has synced: 503. Errors are ``v1`` St
 with the reason kubectl prints.
 
 Watches are bounded: at most ``max_watches`` at once (429 beyond), each for ``timeoutSeconds``
-or at most ``max_watch_s``; one that asks for a version no longer (or never) kept here gets an
+or at most ``max_watch_s``; one from another replica's version catches up with the current state
+of what changed around it (``gpustore``); one whose changes are no longer kept gets an
 ``ERROR`` event with 410 Expired, and lists again.
 """
 
@@ -316,6 +317,20 @@ class AggregatedApi:
         else:
             yield self._expired(start)
             return
+        if start not in ("", "0") and not self.store.ours(version):
+            # Another replica's version: the current state of what changed around it, then on
+            # from this store's version before that (a change in between may come twice, never
+            # older than what was sent before it).
+            current = self.store.version
+            caught_up = self.store.changes_since(version, foreign=True)
+            if caught_up is None:
+                yield self._expired(start)
+                return
+            for change in caught_up:
+                kind = _seen_as(change, selected)
+                if kind:
+                    yield line(kind, change.obj)
+            version = current
         while (left := deadline - time.monotonic()) > 0:
             changes = self.store.changes_since(version)
             if changes is None:

@@ -12,10 +12,17 @@ an Event, the reflector thread must not wait), and ``run`` refreshes soon after 
 every ``interval`` seconds anyway (live figures and staleness change without an API event).
 A list also refreshes first, so a list never answers older than the view.
 
-Versions start at the wall clock in microseconds, so a restarted controller never reuses one it
-gave before: a watch from a version of another process (or of another replica behind the same
-Service) is older or newer than anything here and is answered 410 Expired, and the client lists
-again, as with a compacted etcd (docs/view-api.md, "resourceVersion").
+Versions are the wall clock in microseconds (or the last one plus one, if the clock did not
+move), so a restarted controller never reuses one it gave before, and the versions of two
+replicas behind one Service say roughly when each saw a change. That matters because the API
+server may send a list to one replica and the watch after it to another: a watch from a version
+this store gave out (``ours``) replays exactly what followed it; one from a version it never gave
+(another replica's) is answered with the current state of every object that changed since
+``skew`` seconds before that version (``changes_since`` coalesces them), which covers the two
+replicas seeing the same API event a little apart and their clocks differing a little (a
+replica that has forgotten nothing since it started sends every object then). Where those
+changes are not all kept any more, the answer is 410 Expired and the client lists again, as
+with a compacted etcd (docs/view-api.md, "resourceVersion").
 """
 
 from __future__ import annotations
@@ -48,11 +55,18 @@ def _content(obj: Obj) -> Obj:
 
 class GpuStore:
     def __init__(
-        self, source: ViewSource, *, history: int = 1024, clock: Callable[[], float] = time.time
+        self,
+        source: ViewSource,
+        *,
+        history: int = 1024,
+        skew: float = 5.0,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.source = source
+        self.clock = clock
+        self.skew_us = int(skew * 1_000_000)
         self._objects: dict[str, Obj] = {}
-        self._version = int(clock() * 1_000_000)
+        self._start = self._version = self._now()
         self._oldest = self._version  # replayable: changes after this version
         self._changes: deque[Change] = deque(maxlen=history)
         self._cond = threading.Condition()
@@ -95,9 +109,12 @@ class GpuStore:
             self._cond.notify_all()
             return self._version
 
+    def _now(self) -> int:
+        return int(self.clock() * 1_000_000)
+
     def _record(self, kind: str, name: str, obj: Obj, old: Obj | None, keep: bool = True) -> None:
         """One change (lock held)."""
-        self._version += 1
+        self._version = max(self._version + 1, self._now())
         if len(self._changes) == self._changes.maxlen:
             self._oldest = self._changes[0].version
         obj["metadata"]["resourceVersion"] = str(self._version)
@@ -110,13 +127,34 @@ class GpuStore:
         with self._cond:
             return self._version, [self._objects[n] for n in sorted(self._objects)]
 
-    def changes_since(self, version: int) -> list[Change] | None:
-        """The changes after ``version``; None when they are not all kept any more, or the
-        version was never given here."""
+    def ours(self, version: int) -> bool:
+        """Whether this store gave out ``version`` (at its start, or as a change's)."""
         with self._cond:
-            if version < self._oldest or version > self._version:
+            return version == self._start or any(c.version == version for c in self._changes)
+
+    def changes_since(self, version: int, *, foreign: bool = False) -> list[Change] | None:
+        """The changes after ``version``, or None when they are not all kept any more.
+
+        ``foreign``: a version of another replica. Then every object changed since ``skew``
+        before it, once, in its current state (``before``: its state before the first of those
+        changes), so that a client whose list came from the other replica misses nothing."""
+        with self._cond:
+            since = version - self.skew_us if foreign else version
+            if foreign and since < self._oldest == self._start:
+                since = self._start  # nothing forgotten yet: every object's state since start
+            if since < self._oldest:
                 return None
-            return [c for c in self._changes if c.version > version]
+            changes = [c for c in self._changes if c.version > since]
+        if not foreign:
+            return changes
+        first: dict[str, Change] = {}
+        last: dict[str, Change] = {}
+        for change in changes:
+            name = change.obj["metadata"]["name"]
+            first.setdefault(name, change)
+            last[name] = change
+        merged = [Change(c.version, c.type, c.obj, first[name].before) for name, c in last.items()]
+        return sorted(merged, key=lambda c: c.version)
 
     def wait(self, version: int, timeout: float) -> None:
         """Until there is a change after ``version``, at most ``timeout`` seconds."""
