@@ -333,3 +333,33 @@ def test_forged_front_proxy_headers_without_the_client_certificate_are_refused(
     assert refused.value.code == 401
     body = json.loads(refused.value.read())
     assert (body["kind"], body["reason"]) == ("Status", "Unauthorized")
+
+
+def plugin(sandbox: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(PLUGIN), "--kubeconfig", str(sandbox.kubeconfig), *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+def test_kubectl_gpuslice_reads_gpus_from_the_view_api(
+    sandbox: ControlPlane, node: GpuNode, apiservice: str
+) -> None:
+    """With the sandbox's admin kubeconfig (a client certificate, which the /view/ path cannot
+    pass on): the rows come from the view API, quietly, and -l, -o name, --no-headers work."""
+    mine = f"gpuslice.dev/node={node.name}"
+    done = plugin(sandbox, "--source", "view-api", "top", "gpus", "-l", mine, "-o", "json")
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    [row] = json.loads(done.stdout)
+    assert (row["node"], row["uuid"], row["cores"]["total"]) == (node.name, node.gpu_uuid(0), 100)
+    auto = plugin(sandbox, "top", "gpus", "-l", mine, "--no-headers")
+    assert auto.returncode == 0 and auto.stderr == "", auto.stderr
+    [line] = auto.stdout.splitlines()
+    assert line.split()[:2] == [node.name, "gpu-0"]
+    names = plugin(sandbox, "top", "gpus", "-o", "name", "-l", f"{mine},gpuslice.dev/type=gpu")
+    assert names.stdout.split() == [f"gpu.{GROUP}/{node.name}.gpu-0"]
+    described = plugin(sandbox, "describe", "gpu", f"{node.name}/0")
+    assert described.returncode == 0 and node.gpu_uuid(0) in described.stdout, described.stderr

@@ -90,3 +90,13 @@ def test_field_selectors_know_the_name_only() -> None:
     assert not field_selector("metadata.name!=n.gpu-0")(obj)
     with pytest.raises(InvalidArgumentError, match=r"spec\.node"):
         field_selector("spec.node=n")
+
+
+def test_an_object_gives_back_the_row_it_was_built_from() -> None:
+    view = ClusterView.build(
+        slices=[resource_slice("node-a", [gpu(0), mig(2, "1g.10gb", 0, 9984)])],
+        claims=[claim("ml", "a", results=[result("node-a", "gpu-0", cores="30")], pods=("p",))],
+    )
+    for row in report.gpu_rows(view):
+        row["live"].pop("ageSeconds", None)
+        assert resource.row_of(resource.gpu_object(row)) == row

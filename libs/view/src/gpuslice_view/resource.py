@@ -113,6 +113,29 @@ def gpu_object(row: Mapping[str, Any]) -> Obj:
     }
 
 
+def row_of(obj: Mapping[str, Any]) -> Obj:
+    """The ``report.gpu_row`` a ``GPU`` object was built from (``kubectl gpuslice`` reads the
+    objects and prints its own tables); the seconds since the last scrape are not carried."""
+    spec, status = obj["spec"], obj["status"]
+    row: Obj = {
+        "node": spec["node"],
+        "device": spec["device"],
+        "ref": spec["ref"],
+        "type": spec["type"],
+        "uuid": spec["uuid"],
+        "model": spec["model"],
+        "cores": {"total": spec["cores"], "used": status["allocatedCores"]},
+        "memory": {"total": spec["memory"], "used": status["allocatedMemory"]},
+        "status": status["status"],
+        "taints": list(status["taints"]),
+        "allocations": list(status["allocations"]),
+        "live": dict(status["live"]),
+    }
+    if spec["type"] == "mig":
+        row.update(parentUUID=spec.get("parentUUID", ""), profile=spec.get("profile", ""))
+    return row
+
+
 # --- the table kubectl prints (server-side printing) -----------------------------------------
 
 COLUMNS: Sequence[tuple[str, str, int, str]] = (
