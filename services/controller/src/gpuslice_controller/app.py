@@ -59,7 +59,7 @@ from gpuslice_kube.client import new_api_client
 from gpuslice_kube.discovery import RESOURCE_VERSIONS, served_versions
 from gpuslice_kube.raw import RawApi
 from gpuslice_view.feed import ViewFeeder
-from gpuslice_view.live import LivePoller, discover
+from gpuslice_view.live import LivePoller, NodeLive, discover
 
 log = get_logger(__name__)
 
@@ -175,7 +175,7 @@ class ControllerApp:
             self.feeder.view.live_stale_after = 3 * s.live_usage_interval + s.live_usage_timeout
             self.poller = LivePoller(
                 lambda: discover(lister, where, s.enforcer_selector),
-                self.feeder.set_live,
+                self._publish_live,
                 interval=s.live_usage_interval,
                 timeout=s.live_usage_timeout,
             )
@@ -205,6 +205,13 @@ class ControllerApp:
                 target=self._lead, args=(self.stopping,), name="leader", daemon=True
             )
         self._http: WSGIServer | None = None
+
+    def _publish_live(self, nodes: dict[str, NodeLive]) -> None:
+        """The live poller's round: into the view, and the view API's GPUs marked for it."""
+        if self.feeder is not None:
+            self.feeder.set_live(nodes)
+        if self.gpus is not None:
+            self.gpus.mark()
 
     def _lead(self, stop_leading: threading.Event) -> None:
         """The leader's work: the claims' node labels and the certificates (unless

@@ -305,3 +305,14 @@ def test_a_watch_from_another_replicas_version_misses_no_change() -> None:
     stream.release()
     assert ("ADDED", "node-a.gpu-1") in [(e["type"], e["object"]["metadata"]["name"]) for e in seen]
     assert all(e["type"] != "ERROR" for e in seen)
+
+
+def test_a_request_derives_the_rows_again_only_after_a_mark() -> None:
+    source = t.FixedFeeder(cluster())
+    store = GpuStore(source)
+    first = store.current()
+    reads = source.reads
+    assert store.current() == first and source.reads == reads  # nothing marked: no work
+    source.view.apply("ResourceSlice", "DELETED", t.resource_slice("node-b", []))
+    store.mark("ResourceSlice", "DELETED", {})
+    assert store.current() > first and source.reads == reads + 1

@@ -236,7 +236,7 @@ class AggregatedApi:
         return then()
 
     def _one(self, name: str, query: dict[str, str], accept: str) -> Answer:
-        self.store.refresh()
+        self.store.current()
         version, objs = self.store.snapshot()
         found = [o for o in objs if o["metadata"]["name"] == name]
         if not found:
@@ -263,7 +263,7 @@ class AggregatedApi:
         include = query.get("includeObject", "Metadata")
         as_table = wants_table(accept)
         if verb == "list":
-            self.store.refresh()
+            self.store.current()
             version, objs = self.store.snapshot()
             objs = [o for o in objs if selected(o)]
             if as_table:
@@ -307,7 +307,7 @@ class AggregatedApi:
             return json.dumps({"type": kind, "object": obj}).encode() + b"\n"
 
         if start in ("", "0"):  # the current state first, as synthetic ADDED events
-            self.store.refresh()
+            self.store.current()
             version, objs = self.store.snapshot()
             for obj in objs:
                 if selected(obj):
