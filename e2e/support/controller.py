@@ -26,14 +26,14 @@ from gpuslice_kube.raw import RawApi, resource_path
 BIN = Path(sys.executable).parent
 
 
-def readyz(port: int) -> str | None:
+def readyz(port: int, host: str = procs.LOOPBACK) -> str | None:
     """What /readyz answers ("ok\n" or "waiting for …"); None while nothing answers."""
     ctx = ssl.create_default_context()
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_NONE  # readiness only; the API server checks the chain
     try:
         with urllib.request.urlopen(
-            f"https://127.0.0.1:{port}/readyz", context=ctx, timeout=2
+            f"https://{host}:{port}/readyz", context=ctx, timeout=2
         ) as answer:
             return str(answer.read().decode())
     except urllib.error.HTTPError as exc:
@@ -42,8 +42,8 @@ def readyz(port: int) -> str | None:
         return None
 
 
-def ready(port: int) -> bool:
-    return readyz(port) == "ok\n"
+def ready(port: int, host: str = procs.LOOPBACK) -> bool:
+    return readyz(port, host) == "ok\n"
 
 
 Sample = tuple[str, tuple[tuple[str, str], ...]]
@@ -63,12 +63,13 @@ class Controller:
     metrics_port: int
     log: Path
     stop: Callable[[], object]
+    host: str = procs.LOOPBACK
 
     def get(self, path: str, token: str | None) -> tuple[int, Any]:
         ctx = ssl.create_default_context()
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE  # the controller's own CA; not what is tested here
-        request = urllib.request.Request(f"https://127.0.0.1:{self.port}{path}")
+        request = urllib.request.Request(f"https://{self.host}:{self.port}{path}")
         if token is not None:
             request.add_header("Authorization", f"Bearer {token}")
         try:
@@ -92,7 +93,7 @@ class Controller:
         ctx = ssl.create_default_context()
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
-        request = urllib.request.Request(f"https://127.0.0.1:{self.port}/view/metrics")
+        request = urllib.request.Request(f"https://{self.host}:{self.port}/view/metrics")
         if token is not None:
             request.add_header("Authorization", f"Bearer {token}")
         try:
@@ -103,23 +104,35 @@ class Controller:
 
 
 @contextlib.contextmanager
-def running_controller(sandbox: ControlPlane, ns: str, root: Path) -> Iterator[Controller]:
-    """The controller as a process on loopback (no webhooks, no election) once its view has
-    synced and it is ready; stopped on leaving (``Controller.stop`` stops it earlier)."""
+def running_controller(
+    sandbox: ControlPlane,
+    ns: str,
+    root: Path,
+    *,
+    host: str = procs.LOOPBACK,
+    cert_hosts: tuple[str, ...] = (),
+    args: tuple[str, ...] = (),
+) -> Iterator[Controller]:
+    """The controller as a process (no webhooks, no election; its HTTPS server on ``host``,
+    loopback by default, with a certificate for ``host`` and ``cert_hosts``, and ``args``
+    added) once its view has synced and it is ready; stopped on leaving (``Controller.stop``
+    stops it earlier)."""
     port, metrics_port = procs.free_port(), procs.free_port()
+    hosts = ",".join(dict.fromkeys((host, *cert_hosts)))
     argv = [
         str(BIN / "gpuslice-controller"),
         *("--kubeconfig", str(sandbox.kubeconfig), "--namespace", ns, "--identity", "view-0"),
-        *("--webhook-addr", f"127.0.0.1:{port}", "--metrics-addr", f"127.0.0.1:{metrics_port}"),
-        *("--tls-secret", "view-tls", "--cert-hosts", "127.0.0.1"),
+        *("--webhook-addr", f"{host}:{port}", "--metrics-addr", f"127.0.0.1:{metrics_port}"),
+        *("--tls-secret", "view-tls", "--cert-hosts", hosts),
         *("--cert-dir", str(root / "certs"), "--no-leader-elect"),
         *("--validating-webhooks", "", "--mutating-webhooks", ""),
         *("--event-interval", "5", "--log-level", "debug"),
+        *args,
     ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     log = root / "controller.log"
     proc = procs.start("controller", argv, log, env, cwd=Path.cwd(), die_with_parent=True)
-    ctl = Controller(port, metrics_port, log, stop=lambda: procs.stop([proc], grace=10))
+    ctl = Controller(port, metrics_port, log, stop=lambda: procs.stop([proc], grace=10), host=host)
     try:
         wait_for(
             lambda: ctl.metrics().get(("gpuslice_view_synced", ())) == 1 or None,
@@ -128,7 +141,7 @@ def running_controller(sandbox: ControlPlane, ns: str, root: Path) -> Iterator[C
         )
         # and ready: its serving certificate is loaded from the TLS Secret the leader writes
         # (tests read that Secret's CA; the view can sync before the first write)
-        wait_for(lambda: ready(port) or None, 60, "the controller to be ready")
+        wait_for(lambda: ready(port, host) or None, 60, "the controller to be ready")
         yield ctl
     finally:
         ctl.stop()

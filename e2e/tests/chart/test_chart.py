@@ -541,6 +541,77 @@ def test_controller_rbac_is_exactly_its_calls(helm_bin: Path) -> None:
     )
 
 
+def test_the_aggregated_api_is_off_by_default_and_complete_when_on(helm_bin: Path) -> None:
+    """controller.aggregatedApi.enabled (docs/view-api.md): the APIService at the controller's
+    Service without a caBundle (the leader publishes it, readiness waits for it: the controller's
+    --apiservices), the controller's delegated-auth bindings and its rights on that APIService
+    by name, and get/list/watch on gpus aggregated into view, edit and admin."""
+    name, apiservice = "gpuslice-controller", "v1alpha1.view.gpuslice.dev"
+    default = render(helm_bin)
+    assert not find(default, "APIService")
+    [container] = one(default, "Deployment", name)["spec"]["template"]["spec"]["containers"]
+    assert env_of(container)["GPUSLICE_AGGREGATED_API"] == "false"
+    assert env_of(container)["GPUSLICE_APISERVICES"] == ""
+
+    objs = render(helm_bin, *sets("controller.aggregatedApi.enabled=true"))
+    spec = one(objs, "APIService", apiservice)["spec"]
+    assert spec["service"] == {"namespace": "gpuslice", "name": name, "port": 443}
+    assert (spec["group"], spec["version"]) == ("view.gpuslice.dev", "v1alpha1")
+    assert spec["insecureSkipTLSVerify"] is False and "caBundle" not in spec
+    [container] = one(objs, "Deployment", name)["spec"]["template"]["spec"]["containers"]
+    env = env_of(container)
+    assert (env["GPUSLICE_AGGREGATED_API"], env["GPUSLICE_APISERVICES"]) == ("true", apiservice)
+    rules = rule_set(one(objs, "ClusterRole", name))
+    by_name = {r for r in rules if r[0] == "apiregistration.k8s.io"}
+    assert by_name == {
+        ("apiregistration.k8s.io", "apiservices", verb, apiservice)
+        for verb in ("get", "list", "watch", "update")
+    }
+    delegator = one(objs, "ClusterRoleBinding", f"{name}:system:auth-delegator")
+    assert delegator["roleRef"]["name"] == "system:auth-delegator"
+    reader = one(objs, "RoleBinding", f"{name}:extension-apiserver-authentication-reader")
+    assert reader["metadata"]["namespace"] == "kube-system"
+    assert reader["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": "extension-apiserver-authentication-reader",
+    }
+    for binding in (delegator, reader):
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": name, "namespace": "gpuslice"}
+        ]
+    gpus = one(objs, "ClusterRole", "gpuslice-gpus")
+    assert rule_set(gpus) == {
+        ("view.gpuslice.dev", "gpus", v, "") for v in ("get", "list", "watch")
+    }
+    labels = gpus["metadata"]["labels"]
+    for role in ("view", "edit", "admin"):
+        assert labels[f"rbac.authorization.k8s.io/aggregate-to-{role}"] == "true"
+
+    # with cert-manager its injector fills the caBundle, and the controller only watches
+    managed = render(
+        helm_bin,
+        *sets("controller.aggregatedApi.enabled=true", "controller.certificates.certManager=true"),
+    )
+    annotations = one(managed, "APIService", apiservice)["metadata"]["annotations"]
+    assert annotations == {"cert-manager.io/inject-ca-from": f"gpuslice/{name}"}
+    rules = rule_set(one(managed, "ClusterRole", name))
+    assert {r[2] for r in rules if r[0] == "apiregistration.k8s.io"} == {"list", "watch"}
+
+    refused = helm(
+        helm_bin,
+        "template",
+        "gpuslice",
+        str(CHART),
+        "-n",
+        "gpuslice",
+        *sets("controller.aggregatedApi.enabled=true", "controller.clusterView.enabled=false"),
+        check=False,
+    )
+    assert refused.returncode != 0
+    assert "it needs controller.clusterView.enabled=true" in refused.stderr
+
+
 def test_grafana_dashboard_is_off_by_default_and_queries_the_controllers_metrics(
     helm_bin: Path,
 ) -> None:

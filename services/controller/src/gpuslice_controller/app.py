@@ -14,7 +14,10 @@ answers /readyz only once a certificate is loaded, the admission caches have syn
 webhook configurations carry a CA bundle that trusts the served certificate
 (``tls.bundleready``), so no review is answered from an empty cache and none fails with an
 unknown authority; it does not wait for the view, so admission never depends on it (the view's
-own endpoints answer 503 until it has synced). Stop (SIGTERM, SIGINT): readiness goes first, then
+own endpoints answer 503 until it has synced). With ``--aggregated-api`` the view's GPUs are
+also served as ``gpus.view.gpuslice.dev`` (``view.aggregated``): a store versions them
+(``view.gpustore``) and the front-proxy CA is read from the API server's ConfigMap before the
+server starts (``view.frontproxy``). Stop (SIGTERM, SIGINT): readiness goes first, then
 the server finishes the reviews in flight, then the caches and the view stop.
 """
 
@@ -41,9 +44,12 @@ from gpuslice_controller.server import WebhookServer
 from gpuslice_controller.tls import certs, rotation
 from gpuslice_controller.tls.bundleready import BundleReadiness
 from gpuslice_controller.tls.serving import ServingCert, TlsSecretWatch
+from gpuslice_controller.view.aggregated import AggregatedApi
 from gpuslice_controller.view.api import ViewApi
 from gpuslice_controller.view.auth import Authorizer, Reviewer
 from gpuslice_controller.view.diagnose import Diagnostics
+from gpuslice_controller.view.frontproxy import ConfigWatch
+from gpuslice_controller.view.gpustore import GpuStore
 from gpuslice_controller.view.metrics import ViewCollector
 from gpuslice_core import metrics
 from gpuslice_core.errors import FailedPreconditionError, GpusliceError
@@ -53,7 +59,7 @@ from gpuslice_kube.client import new_api_client
 from gpuslice_kube.discovery import RESOURCE_VERSIONS, served_versions
 from gpuslice_kube.raw import RawApi
 from gpuslice_view.feed import ViewFeeder
-from gpuslice_view.live import LivePoller, discover
+from gpuslice_view.live import LivePoller, NodeLive, discover
 
 log = get_logger(__name__)
 
@@ -105,14 +111,38 @@ class ControllerApp:
         )
         self.feeder = ViewFeeder(raw, driver=DRIVER) if s.cluster_view else None
         view_api = None
+        authorizer = None
         if self.feeder is not None:
             # A caller waits for its reviews: a short deadline, not the writers' minute of
             # retries.
             reviewer = Reviewer(RawApi(api_client, deadline=5.0))
-            view_api = ViewApi(self.feeder, Authorizer(reviewer, ttl=s.view_auth_ttl))
+            authorizer = Authorizer(reviewer, ttl=s.view_auth_ttl)
+            view_api = ViewApi(self.feeder, authorizer)
         cert = ServingCert(s.cert_dir)
+        self.gpus: GpuStore | None = None
+        self.front_proxy: ConfigWatch | None = None
+        aggregated_api = None
+        if self.feeder is not None and authorizer is not None and s.aggregated_api:
+            self.gpus = GpuStore(self.feeder)
+            self.front_proxy = ConfigWatch(
+                RawApi(api_client, deadline=10.0),
+                lambda config: cert.set_client_ca(config.client_ca if config else None),
+            )
+            front_proxy = self.front_proxy
+            aggregated_api = AggregatedApi(
+                self.gpus,
+                authorizer,
+                lambda: front_proxy.config,
+                self.feeder.synced,
+            )
+        elif s.aggregated_api:
+            raise FailedPreconditionError(
+                "--aggregated-api serves the cluster view: it needs --cluster-view"
+            )
         self.secret_watch = TlsSecretWatch(raw, s.namespace, s.tls_secret, cert)
-        webhooks = rotation.WebhookConfigs(s.validating_webhooks, s.mutating_webhooks)
+        webhooks = rotation.WebhookConfigs(
+            s.validating_webhooks, s.mutating_webhooks, s.apiservices
+        )
         self.bundles = BundleReadiness(raw, webhooks, lambda: cert.chain)
         self.server = WebhookServer(
             metrics.parse_addr(s.webhook_addr),
@@ -127,6 +157,7 @@ class ControllerApp:
                 "the CA bundle in the webhook configurations": self.bundles.ready,
             },
             view=view_api,
+            aggregated_api=aggregated_api,
         )
         self.rotator: rotation.Rotator | None = None
         if s.manage_certificates:
@@ -144,7 +175,7 @@ class ControllerApp:
             self.feeder.view.live_stale_after = 3 * s.live_usage_interval + s.live_usage_timeout
             self.poller = LivePoller(
                 lambda: discover(lister, where, s.enforcer_selector),
-                self.feeder.set_live,
+                self._publish_live,
                 interval=s.live_usage_interval,
                 timeout=s.live_usage_timeout,
             )
@@ -174,6 +205,13 @@ class ControllerApp:
                 target=self._lead, args=(self.stopping,), name="leader", daemon=True
             )
         self._http: WSGIServer | None = None
+
+    def _publish_live(self, nodes: dict[str, NodeLive]) -> None:
+        """The live poller's round: into the view, and the view API's GPUs marked for it."""
+        if self.feeder is not None:
+            self.feeder.set_live(nodes)
+        if self.gpus is not None:
+            self.gpus.mark()
 
     def _lead(self, stop_leading: threading.Event) -> None:
         """The leader's work: the claims' node labels and the certificates (unless
@@ -228,6 +266,16 @@ class ControllerApp:
             if self.poller is not None:
                 threading.Thread(
                     target=self.poller.run, args=(self.stopping,), name="live-usage", daemon=True
+                ).start()
+        if self.gpus is not None and self.front_proxy is not None and self.feeder is not None:
+            self.feeder.listen(self.gpus.mark)
+            self.front_proxy.load()  # before the server serves: no window without the CA
+            for target, name in (
+                (self.gpus.run, "gpu-store"),
+                (self.front_proxy.run, "front-proxy"),
+            ):
+                threading.Thread(
+                    target=target, args=(self.stopping,), name=name, daemon=True
                 ).start()
         self.server.start()
         if self.leadership is not None:

@@ -58,11 +58,13 @@ class Settings:
     cert_check_interval: float
     validating_webhooks: tuple[str, ...]
     mutating_webhooks: tuple[str, ...]
+    apiservices: tuple[str, ...]
     leader_elect: bool
     lease_name: str
     cluster_view: bool
     claim_node_labels: bool
     view_auth_ttl: float
+    aggregated_api: bool
     live_usage_interval: float
     live_usage_timeout: float
     enforcer_namespace: str
@@ -104,11 +106,13 @@ def settings_from(args: argparse.Namespace) -> Settings:
         cert_check_interval=args.cert_check_interval,
         validating_webhooks=tuple(args.validating_webhooks),
         mutating_webhooks=tuple(args.mutating_webhooks),
+        apiservices=tuple(args.apiservices),
         leader_elect=args.leader_elect,
         lease_name=args.lease_name,
         cluster_view=args.cluster_view,
         claim_node_labels=args.claim_node_labels,
         view_auth_ttl=args.view_auth_ttl,
+        aggregated_api=args.aggregated_api,
         live_usage_interval=args.live_usage_interval,
         live_usage_timeout=args.live_usage_timeout,
         enforcer_namespace=args.enforcer_namespace,
@@ -247,6 +251,16 @@ def build_parser() -> EnvArgumentParser:
         default=("gpuslice-controller",),
         help="Comma-separated MutatingWebhookConfigurations whose caBundle the leader keeps.",
     )
+    p.add_flag(
+        "--apiservices",
+        type=names,
+        default=(),
+        help=(
+            "Comma-separated APIServices (the aggregated API's, v1alpha1.view.gpuslice.dev)"
+            " whose spec.caBundle the leader keeps and readiness waits for, like the webhook"
+            " configurations'."
+        ),
+    )
     p.add_bool_flag(
         "--leader-elect",
         deprecated=["LEADER_ELECT"],
@@ -287,6 +301,16 @@ def build_parser() -> EnvArgumentParser:
         help=(
             "Seconds a token that passed its TokenReview and SubjectAccessReview is trusted by"
             " the /view/ endpoints before it is reviewed again."
+        ),
+    )
+    p.add_bool_flag(
+        "--aggregated-api",
+        default=False,
+        help=(
+            "Serve the cluster view's GPUs as the aggregated API gpus.view.gpuslice.dev on the"
+            " HTTPS server (kubectl get gpus), for the API server's front proxy only: needs the"
+            " cluster view, read access to kube-system/extension-apiserver-authentication and"
+            " an APIService pointing at this controller (docs/view-api.md)."
         ),
     )
     p.add_flag(

@@ -12,6 +12,7 @@ connection is registered here with its phase and a deadline (``Limits``):
 * ``request``: from a request's first byte to its last body byte — a whole request, so a
   client trickling a byte every few seconds is cut off like a silent one;
 * ``response``: working out the answer and writing it (a client that does not read it);
+* ``watch``: a streamed answer (a watch of the aggregated API), which ends on its own first;
 * ``closing``: after the last answer, reading what the client still sends until it closes too
   (``server._linger``).
 
@@ -72,6 +73,9 @@ class Limits:
     idle_s: float = 120.0
     request_s: float = 10.0
     response_s: float = 10.0
+    watch_s: float = 1830.0
+    """A streamed answer (a watch of the aggregated API, which ends itself after at most
+    ``AggregatedApi.max_watch_s``: 1800 s)."""
     closing_s: float = 0.5
     """Reading what a client still sends after the server's last answer, before closing."""
     reap_grace_s: float = 1.0

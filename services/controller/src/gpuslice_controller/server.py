@@ -10,7 +10,9 @@ keeps the image free of a web framework and its server (docs/controller.md).
 Paths: ``POST /validate`` and ``POST /mutate`` (AdmissionReview v1), ``GET /healthz`` (the
 process answers), ``GET /readyz`` (a certificate is loaded and the caches the reviewers need
 have synced) and, when a view is given, ``GET /view/...`` (``view.api``: the cluster view as
-JSON, for authenticated and authorized callers).
+JSON, for authenticated and authorized callers) and, when the aggregated API is on, ``GET
+/apis/...`` (``view.aggregated``: ``gpus.view.gpuslice.dev`` for the API server's front proxy,
+whose client certificate the TLS layer verifies; a watch is streamed chunked).
 
 What a client can take is bounded, since the review paths need no credentials (issue 27): a
 place among the server's connections and a deadline per phase, held by the handler's own reads
@@ -27,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import io
+import select
 import socket
 import ssl
 import sys
@@ -39,6 +42,7 @@ from typing import Any
 from gpuslice_controller.admission import review as admission
 from gpuslice_controller.connections import Connection, Connections, Limits
 from gpuslice_controller.tls.serving import ServingCert
+from gpuslice_controller.view import aggregated
 from gpuslice_controller.view import api as viewapi
 from gpuslice_core.logging import get_logger
 
@@ -137,6 +141,16 @@ def _linger(sock: ssl.SSLSocket, conn: Connection, most: int = 256 * 1024) -> No
             if not chunk:
                 return
             most -= len(chunk)
+
+
+def _client_gone(sock: ssl.SSLSocket) -> bool:
+    """Whether the client of a streamed answer closed its side: it sends nothing while it reads
+    the stream, so anything to read (its close_notify, or EOF) means it has gone."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
 
 
 class _DeadlineIO(io.RawIOBase):
@@ -338,8 +352,42 @@ class _Handler(BaseHTTPRequestHandler):
         elif app.view is not None and self.path.startswith(viewapi.PREFIX):
             answer = app.view.get(self.path, viewapi.credentials(self.headers))
             self._send(answer.status, answer.body, answer.content_type)
+        elif app.aggregated is not None and aggregated.handles(self.path.split("?", 1)[0]):
+            # {} unless the client presented a certificate the context verified
+            peercert = self.connection.getpeercert()
+            found = app.aggregated.get(self.path, self.headers, peercert)
+            if isinstance(found, aggregated.Stream):
+                self._stream(found)
+            else:
+                self._send(found.status, found.body, found.content_type)
         else:
             self._send(HTTPStatus.NOT_FOUND, b"not found\n")
+
+    def _stream(self, stream: aggregated.Stream) -> None:
+        """Write ``stream`` chunked, each chunk as it comes, within the ``watch`` deadline; stop
+        early when the client has gone (looked at on each idle tick). The connection closes
+        after it."""
+        self.close_connection = True
+        self.conn.enter("watch")
+        try:
+            self.send_response(stream.status)
+            self.send_header("Content-Type", stream.content_type)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.send_header("Cache-Control", "no-cache, private")
+            self.end_headers()
+            self.wfile.flush()
+            for chunk in stream.chunks:
+                if chunk:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                    self.wfile.flush()
+                elif _client_gone(self.connection):
+                    return
+            self.wfile.write(b"0\r\n\r\n")
+        finally:
+            close = getattr(stream.chunks, "close", None)
+            if close is not None:
+                close()
+            stream.release()
 
     def _refuse(self, status: HTTPStatus, reason: str) -> None:
         """Answer and close: the body (if any) is never read."""
@@ -428,9 +476,11 @@ class WebhookServer:
         readiness: Mapping[str, Callable[[], bool]] | None = None,
         view: viewapi.ViewApi | None = None,
         limits: Limits | None = None,
+        aggregated_api: aggregated.AggregatedApi | None = None,
     ) -> None:
         self.cert = cert
         self.view = view
+        self.aggregated = aggregated_api
         self.reviewers = dict(reviewers)
         self.readiness = dict(readiness or {})
         self._server = _Server(addr, self, limits or Limits())

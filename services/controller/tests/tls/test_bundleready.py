@@ -65,3 +65,24 @@ def test_ready_only_once_both_configurations_trust_the_served_certificate() -> N
     assert not ready.ready()
     # none configured (the chart's webhooks off, or a development run): nothing to wait for
     assert BundleReadiness(cast(RawApi, None), WebhookConfigs(), lambda: b"").ready()
+
+
+def test_ready_waits_for_the_apiservice_bundle_too() -> None:
+    ours = certs.bootstrap(POLICY, NOW)
+    ready = BundleReadiness(
+        cast(RawApi, None),
+        WebhookConfigs(apiservices=("v1alpha1.view.gpuslice.dev",)),
+        lambda: ours.cert,
+    )
+    key = "apiservices/v1alpha1.view.gpuslice.dev"
+    assert ready.waiting_for() == f"{key} (not found)"
+    spec: Obj = {"group": "view.gpuslice.dev", "version": "v1alpha1"}
+    ready._on_event(
+        key, "ADDED", {"metadata": {"name": "v1alpha1.view.gpuslice.dev"}, "spec": spec}
+    )
+    assert ready.waiting_for() == f"{key} (caBundle)"
+    spec = {**spec, "caBundle": base64.b64encode(ours.ca_certs).decode()}
+    ready._on_event(
+        key, "MODIFIED", {"metadata": {"name": "v1alpha1.view.gpuslice.dev"}, "spec": spec}
+    )
+    assert ready.ready()

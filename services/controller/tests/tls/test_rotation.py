@@ -121,3 +121,25 @@ def test_a_configuration_that_appears_or_loses_the_bundle_wakes_the_pass() -> No
     assert woken("MODIFIED", config("MutatingWebhookConfiguration", "another CA"))
     assert not woken("MODIFIED", config("MutatingWebhookConfiguration", "b64"))
     assert not woken("DELETED", config("MutatingWebhookConfiguration"))
+
+
+def test_an_apiservice_gets_the_bundle_in_its_spec() -> None:
+    """The aggregated API's APIService (``--apiservices``) is kept like a webhook configuration:
+    its ``spec.caBundle``, written with the rest of its spec left as it was."""
+    api = MemoryApi()
+    path = f"{rotation.APIREGISTRATION}/apiservices/v1alpha1.view.gpuslice.dev"
+    spec = {"group": "view.gpuslice.dev", "version": "v1alpha1", "service": {"name": NAME}}
+    api.put(path, {"metadata": {"name": "v1alpha1.view.gpuslice.dev"}, "spec": spec})
+    rot = rotation.Rotator(
+        cast(RawApi, api),
+        namespace=NS,
+        secret=SECRET,
+        webhooks=rotation.WebhookConfigs(apiservices=("v1alpha1.view.gpuslice.dev",)),
+        policy=certs.Policy(("127.0.0.1",)),
+        publish_grace=0,
+    )
+    assert "published the CA bundle to v1alpha1.view.gpuslice.dev" in rot.reconcile()
+    stored = api.get(path)
+    assert stored["spec"] == {**spec, "caBundle": rot.bundle}
+    assert rotation.bundle_of(stored) == {rot.bundle}
+    assert rot.reconcile() == "up to date"

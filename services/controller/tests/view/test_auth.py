@@ -30,8 +30,10 @@ class FakeReviewer(Reviewer):
         user = token.removeprefix("good-")
         return {"status": {"authenticated": True, "user": {"username": user, "groups": ["g"]}}}
 
-    def access_review(self, user: Obj) -> Obj:
-        self.calls.append("access")
+    def access_review(self, user: Obj, group: str = "gpu.gpuslice.dev", verb: str = "get") -> Obj:
+        self.calls.append("access" if (group, verb) == ("gpu.gpuslice.dev", "get") else verb)
+        if self.down:
+            raise KubeTransientError("the API server is down")
         return {"status": {"allowed": user["username"] in self.allowed}}
 
 
@@ -146,3 +148,22 @@ def test_the_access_review_asks_for_the_stated_permission() -> None:
         "groups": ["g"],
         "resourceAttributes": {"group": "gpu.gpuslice.dev", "resource": "gpus", "verb": "get"},
     }
+
+
+def test_a_user_the_api_server_authenticated_is_reviewed_per_verb_and_cached(
+    auth: Authorizer, reviewer: FakeReviewer, clock: Clock
+) -> None:
+    alice = {"username": "alice", "groups": ["g"]}
+    assert auth.check_user(alice, group="view.gpuslice.dev", verb="list").allowed
+    assert auth.check_user(alice, group="view.gpuslice.dev", verb="list").allowed
+    assert auth.check_user(alice, group="view.gpuslice.dev", verb="watch").allowed
+    assert reviewer.calls == ["list", "watch"]  # one review per question within the ttl
+    refused = auth.check_user({"username": "bob"}, group="view.gpuslice.dev", verb="get")
+    assert refused.status == HTTPStatus.FORBIDDEN
+    assert (
+        'User "bob" cannot get resource "gpus" in API group "view.gpuslice.dev"' in refused.message
+    )
+    clock.now += 11
+    reviewer.down = True
+    down = auth.check_user(alice, group="view.gpuslice.dev", verb="list")
+    assert down.status == HTTPStatus.SERVICE_UNAVAILABLE

@@ -5,9 +5,11 @@ Credentials come as kubectl's do: ``--kubeconfig``, else ``KUBECONFIG``, else
 ``~/.kube/config``, else the pod's service account; ``--context`` picks a context and
 ``-n``/``--namespace`` a namespace (default: the context's, else ``default``).
 
-The model comes from the controller's ``/view/`` where it runs (live usage in the used
-columns), else from one listing of the API (``--source``, ``--controller``: ``remote``).
-Cordons are always written through the API.
+GPUs come from the aggregated API ``gpus.view.gpuslice.dev`` where it is served (``viewapi``:
+the user's own credentials stay with the API server), else the model comes from the
+controller's ``/view/`` where it runs (live usage in the used columns), else from one listing of
+the API (``--source``, ``--controller``: ``remote``). ``top gpus`` takes ``-l`` with the view
+API's labels whatever the source. Cordons are always written through the API.
 
 Exit status: 0 done (also for a cordon that was already there or an uncordon of a GPU that was
 not cordoned), 1 the request failed (no such GPU, pod or claim; API errors; no DeviceTaintRule
@@ -32,9 +34,10 @@ from gpuslice_core import logging as gslog
 from gpuslice_core.errors import GpusliceError, NotFoundError
 from gpuslice_kube.client import new_api_client
 from gpuslice_kube.raw import RawApi
-from gpuslice_kubectl import remote
-from gpuslice_view import __version__, cordon, report, source
+from gpuslice_kubectl import remote, viewapi
+from gpuslice_view import __version__, cordon, report, resource, source
 from gpuslice_view.reasons import Reason, why_claim
+from gpuslice_view.selectors import label_selector
 
 
 def _common(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
@@ -52,9 +55,15 @@ def _common(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     parser.add_argument(
         "-o",
         "--output",
-        choices=("table", "wide", "json", "yaml"),
+        choices=("table", "wide", "json", "yaml", "name"),
         default=default,
-        help="Output format (default: a table).",
+        help="Output format (default: a table; name: one resource name a line, as kubectl's).",
+    )
+    parser.add_argument(
+        "--no-headers",
+        action="store_true",
+        default=argparse.SUPPRESS if suppress else False,
+        help="Print tables without their header line.",
     )
 
 
@@ -69,8 +78,9 @@ def parser() -> argparse.ArgumentParser:
         "--source",
         choices=remote.SOURCES,
         default=os.environ.get("GPUSLICE_SOURCE") or "auto",
-        help="Where the model comes from: the controller, the API server, or auto (the "
-        "controller when it is found and answers, else the API server) (env GPUSLICE_SOURCE).",
+        help="Where the model comes from: view-api (the aggregated API gpus.view.gpuslice.dev, "
+        "GPUs only), the controller's /view/, the API server's objects, or auto (the first of "
+        "them that is installed and answers) (env GPUSLICE_SOURCE).",
     )
     main.add_argument(
         "--controller",
@@ -95,6 +105,13 @@ def parser() -> argparse.ArgumentParser:
 
     top = add("top", "Show every GPU and MIG device: cores and memory allocated, status.")
     top.add_argument("what", choices=("gpus",), help="What to show: gpus.")
+    top.add_argument(
+        "-l",
+        "--selector",
+        default=None,
+        help="Only GPUs whose labels match, as kubectl get gpus -l takes it "
+        "(gpuslice.dev/node, type, model, mig-profile, cordoned, allocated; docs/view-api.md).",
+    )
     describe = add("describe", "Show one GPU: its taints and every claim and pod on it.")
     describe.add_argument("what", choices=("gpu",), help="What to describe: gpu.")
     describe.add_argument("gpu", help="A GPU or MIG UUID, <node>/<index> or <node>/<device>.")
@@ -136,13 +153,30 @@ def _namespace(args: argparse.Namespace, kubeconfig: str | None) -> str:
     return in_pod.read_text().strip() if in_pod.is_file() else "default"
 
 
-def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
+def _emit(args: argparse.Namespace, data: Any, text: str, names: Sequence[str] = ()) -> None:
     if args.output == "json":
         print(json.dumps(data, indent=2))
     elif args.output == "yaml":
         print(yaml.safe_dump(data, sort_keys=False), end="")
+    elif args.output == "name":
+        if names:
+            print("\n".join(names))
+    elif args.no_headers:
+        body = text.splitlines()[1:]
+        if body:
+            print("\n".join(body))
     else:
         print(text)
+
+
+def _gpu_name(row: report.Row) -> str:
+    """A row's name as ``kubectl get gpus -o name`` prints it."""
+    name = resource.object_name(row["node"], row["device"])
+    return f"{resource.SINGULAR}.{resource.GROUP}/{name}"
+
+
+def _claim_name(row: report.Row) -> str:
+    return f"resourceclaim.resource.k8s.io/{row['name']}"
 
 
 def _why(args: argparse.Namespace, raw: RawApi, chooser: remote.Chooser, namespace: str) -> None:
@@ -175,7 +209,9 @@ def _chooser(args: argparse.Namespace, api_client: ApiClient, raw: RawApi) -> re
     def note(line: str) -> None:
         print(f"kubectl-gpuslice: {line}", file=sys.stderr)
 
-    return remote.Chooser(args.source, source.ApiSource(raw), controller, note)
+    # a short deadline: a registered but unavailable view API answers 503, which is retried
+    view_api = viewapi.ViewApiSource(RawApi(api_client, deadline=3.0))
+    return remote.Chooser(args.source, source.ApiSource(raw), controller, note, view_api)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -187,14 +223,18 @@ def run(args: argparse.Namespace) -> int:
     namespace = _namespace(args, kubeconfig)
     chooser = _chooser(args, api_client, raw)
     if args.command == "top":
+        wanted = label_selector(args.selector)  # (a bad one fails before any request)
         rows = chooser.read(lambda s: s.gpu_rows())
-        _emit(args, rows, report.gpu_table(rows, wide=args.output == "wide"))
+        rows = [r for r in rows if wanted(resource.labels(r))]
+        table = report.gpu_table(rows, wide=args.output == "wide")
+        _emit(args, rows, table, [_gpu_name(r) for r in rows])
     elif args.command == "describe":
         row = chooser.read(lambda s: s.gpu_row(args.gpu))
-        _emit(args, row, report.describe_gpu(row))
+        _emit(args, row, report.describe_gpu(row), [_gpu_name(row)])
     elif args.command == "claims":
         rows = chooser.read(lambda s: s.claim_rows(None if args.all_namespaces else namespace))
-        _emit(args, rows, report.claim_table(rows, all_namespaces=args.all_namespaces))
+        table = report.claim_table(rows, all_namespaces=args.all_namespaces)
+        _emit(args, rows, table, [_claim_name(r) for r in rows])
     elif args.command == "why":
         _why(args, raw, chooser, namespace)
     else:

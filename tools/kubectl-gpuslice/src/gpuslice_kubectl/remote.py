@@ -41,7 +41,7 @@ SERVICE_SELECTOR = "app.kubernetes.io/part-of=gpuslice,app.kubernetes.io/compone
 """The chart's controller Service."""
 PORT = 443
 TIMEOUT = 10.0
-SOURCES = ("auto", "controller", "api")
+SOURCES = ("auto", "view-api", "controller", "api")
 T = TypeVar("T")
 
 
@@ -52,6 +52,11 @@ class UnavailableError(GpusliceError):
 class NotInstalledError(UnavailableError):
     """No controller in the cluster: ``auto`` reads from the API without a note (nothing is
     wrong; a cluster without the controller is a supported setup)."""
+
+
+class NotServedError(NotInstalledError):
+    """The source does not answer this kind of question (the view API serves GPUs only): the
+    next source answers it, without a note."""
 
 
 class ViewSource(Protocol):
@@ -204,9 +209,9 @@ class ControllerSource:
 
 
 class Chooser:
-    """Runs each read on the chosen source: the controller, the API, or (``auto``) the
-    controller when found and answering, else the API, saying why once on ``note`` (unless
-    no controller is installed)."""
+    """Runs each read on the chosen source: the view API (``view_api``: GPUs only), the
+    controller, the API listing, or (``auto``) the first of them that is installed and answers,
+    saying why once on ``note`` where one is installed and does not answer."""
 
     def __init__(
         self,
@@ -214,13 +219,28 @@ class Chooser:
         api: ViewSource,
         controller: Callable[[], ViewSource],
         note: Callable[[str], None],
+        view_api: ViewSource | None = None,
     ) -> None:
         self.mode = mode
         self.api = api
         self._controller = controller
         self.note = note
+        self.view_api = view_api
 
     def read(self, fn: Callable[[ViewSource], T]) -> T:
+        if self.mode in ("auto", "view-api") and self.view_api is not None:
+            try:
+                return fn(self.view_api)
+            except NotServedError:
+                pass  # a question for the next source; the view API stays first for GPUs
+            except UnavailableError as exc:
+                if self.mode == "view-api":
+                    raise FailedPreconditionError(str(exc)) from exc
+                if not isinstance(exc, NotInstalledError):
+                    self.note(f"not reading from the view API: {exc}")
+                self.view_api = None
+        if self.mode == "view-api":
+            return fn(self.api)  # (claims, why: what the view API does not serve)
         if self.mode != "api":
             try:
                 return fn(self._controller())

@@ -3,9 +3,10 @@
 A replica that serves a certificate the API server does not trust answers nothing: every
 review fails with an unknown authority. So, on every replica (not only the leader, which
 publishes the bundle), readiness also waits until each webhook configuration the controller
-serves (``--validating-webhooks``, ``--mutating-webhooks``) exists and the ``caBundle`` of every
-webhook in it trusts the certificate this replica serves: the leaf, or an intermediate the
-served chain carries, is issued by a certificate of the bundle. That holds for the controller's
+serves (``--validating-webhooks``, ``--mutating-webhooks``, and the aggregated API's
+``--apiservices``) exists and the ``caBundle`` of every webhook in it (of an APIService: its
+own) trusts the certificate this replica serves: the leaf, or an intermediate the served chain
+carries, is issued by a certificate of the bundle. That holds for the controller's
 own CA and for cert-manager's injected bundle alike. ``helm install --wait`` and ``helm test``
 then start only once the API server can call the webhooks; a configuration deleted, or
 re-applied without the bundle, takes the replicas out of the Service until the leader (or
@@ -27,7 +28,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 
 from gpuslice_controller.tls import certs
-from gpuslice_controller.tls.rotation import WebhookConfigs
+from gpuslice_controller.tls.rotation import WebhookConfigs, bundle_holders
 from gpuslice_core.logging import get_logger
 from gpuslice_kube.raw import Obj, RawApi
 from gpuslice_kube.reflector import Reflector
@@ -97,14 +98,14 @@ class BundleReadiness:
             if config is None:
                 missing.append(f"{key} (not found)")
                 continue
-            for hook in config.get("webhooks") or []:
-                bundle = (hook.get("clientConfig") or {}).get("caBundle") or ""
+            for what, holder in bundle_holders(config):
+                bundle = holder.get("caBundle") or ""
                 try:
                     pem = base64.b64decode(bundle, validate=True)
                 except (binascii.Error, ValueError):
                     pem = b""
                 if not (chain and pem and chain_trusted(chain, pem)):
-                    missing.append(f"{key} (webhook {hook.get('name')})")
+                    missing.append(f"{key} ({what})")
                     break
         waiting = ", ".join(missing)
         if waiting != self._last:

@@ -34,6 +34,7 @@ from gpuslice_kube.reflector import Reflector
 log = get_logger(__name__)
 
 ADMISSION = "/apis/admissionregistration.k8s.io/v1"
+APIREGISTRATION = "/apis/apiregistration.k8s.io/v1"
 MAX_STEPS = 4
 """Passes per reconcile: bootstrap, or new CA → publish → new serving certificate."""
 PUBLISH_GRACE = 10.0
@@ -47,26 +48,44 @@ that keeps stripping the bundle costs one pass a second, not a hot loop."""
 
 @dataclass(frozen=True)
 class WebhookConfigs:
-    """The webhook configurations whose ``caBundle`` the controller owns, by name."""
+    """The configurations whose ``caBundle`` the controller owns, by name: webhook
+    configurations, and the APIServices of the aggregated API (``view.aggregated``), whose
+    ``spec.caBundle`` the API server trusts for the controller's certificate just the same."""
 
     validating: tuple[str, ...] = ()
     mutating: tuple[str, ...] = ()
+    apiservices: tuple[str, ...] = ()
 
     def named(self) -> list[tuple[str, str]]:
         """(collection path, name) of every configuration."""
-        return [(f"{ADMISSION}/validatingwebhookconfigurations", n) for n in self.validating] + [
-            (f"{ADMISSION}/mutatingwebhookconfigurations", n) for n in self.mutating
-        ]
+        return (
+            [(f"{ADMISSION}/validatingwebhookconfigurations", n) for n in self.validating]
+            + [(f"{ADMISSION}/mutatingwebhookconfigurations", n) for n in self.mutating]
+            + [(f"{APIREGISTRATION}/apiservices", n) for n in self.apiservices]
+        )
 
     def paths(self) -> list[str]:
         return [f"{collection}/{name}" for collection, name in self.named()]
 
 
+def bundle_holders(config: Obj, *, create: bool = False) -> list[tuple[str, Obj]]:
+    """(what to call it, the mapping whose ``caBundle`` it is) for every CA bundle in a
+    configuration: each webhook's ``clientConfig``, or an APIService's ``spec`` (only
+    APIServices have a ``spec``). ``create``: give webhooks without a ``clientConfig`` one, to
+    write into."""
+    spec = config.get("spec")
+    if isinstance(spec, dict):
+        return [("caBundle", spec)]
+    holders = []
+    for hook in config.get("webhooks") or []:
+        client = hook.setdefault("clientConfig", {}) if create else hook.get("clientConfig") or {}
+        holders.append((f"webhook {hook.get('name')}", client))
+    return holders
+
+
 def bundle_of(config: Obj) -> set[str | None]:
-    """The distinct ``caBundle`` values of a configuration's webhooks (None: a webhook has none)."""
-    return {
-        (hook.get("clientConfig") or {}).get("caBundle") for hook in config.get("webhooks") or []
-    }
+    """The distinct ``caBundle`` values of a configuration (None: one has none)."""
+    return {holder.get("caBundle") for _, holder in bundle_holders(config)}
 
 
 class BundleWatch:
@@ -197,8 +216,8 @@ class Rotator:
         for _path, config in self._configs():
             if config is None:
                 continue  # nothing to publish to yet; the chart creates it
-            for hook in config.get("webhooks") or []:
-                bundle = (hook.get("clientConfig") or {}).get("caBundle")
+            for _, holder in bundle_holders(config):
+                bundle = holder.get("caBundle")
                 if not certs.bundle_trusts(base64.b64decode(bundle) if bundle else None, material):
                     return False
         return True
@@ -222,8 +241,8 @@ class Rotator:
                 continue
             if bundle_of(config) <= {want}:
                 continue
-            for hook in config.get("webhooks") or []:
-                hook.setdefault("clientConfig", {})["caBundle"] = want
+            for _, holder in bundle_holders(config, create=True):
+                holder["caBundle"] = want
             try:
                 self.raw.replace(path, config)
             except ConflictError:

@@ -35,6 +35,7 @@ class ServingCert:
         self.fingerprint = ""
         self.chain = b""
         """The PEM served (leaf first): what the webhook configurations' bundles must trust."""
+        self._client_ca: bytes | None = None
 
     def load(self, cert: bytes, key: bytes) -> bool:
         """Serve ``cert``/``key`` from now on; False when they are what is served already."""
@@ -50,17 +51,36 @@ class ServingCert:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
             tmp.replace(path)
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        context.options |= ssl.OP_NO_RENEGOTIATION  # (TLS 1.2: a handshake's CPU, on demand)
-        context.load_cert_chain(cert_file, key_file)
         with self._lock:
-            self._context = context
+            self._context = self._build(cert_file, key_file, self._client_ca)
             self.fingerprint = fingerprint
             self.chain = cert
         self.loaded.set()
         log.info("serving certificate loaded", sha256=fingerprint[:16])
         return True
+
+    def set_client_ca(self, ca: bytes | None) -> None:
+        """Ask every new connection for an optional client certificate and verify it against
+        ``ca`` (the API server's front-proxy CA: ``view.frontproxy``); None stops asking. A
+        client without a certificate is served as before (webhooks, probes); one whose
+        certificate does not chain to ``ca`` fails the handshake."""
+        with self._lock:
+            self._client_ca = ca
+            if self._context is not None:
+                cert_file, key_file = self.cert_dir / "tls.crt", self.cert_dir / "tls.key"
+                self._context = self._build(cert_file, key_file, ca)
+        log.info("client certificate CA", set=ca is not None)
+
+    @staticmethod
+    def _build(cert_file: Path, key_file: Path, client_ca: bytes | None) -> ssl.SSLContext:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.options |= ssl.OP_NO_RENEGOTIATION  # (TLS 1.2: a handshake's CPU, on demand)
+        context.load_cert_chain(cert_file, key_file)
+        if client_ca:
+            context.verify_mode = ssl.CERT_OPTIONAL
+            context.load_verify_locations(cadata=client_ca.decode())
+        return context
 
     def context(self) -> ssl.SSLContext | None:
         with self._lock:

@@ -19,6 +19,7 @@ the user lacks the permission, 503 when the reviews cannot be made (the API serv
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 import time
 from collections import OrderedDict
@@ -62,11 +63,11 @@ class Reviewer:
         body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview"}
         return self.raw.create(TOKEN_REVIEWS, {**body, "spec": {"token": token}})
 
-    def access_review(self, user: Obj) -> Obj:
+    def access_review(self, user: Obj, group: str = GROUP, verb: str = VERB) -> Obj:
         spec: dict[str, Any] = {
             "user": user.get("username", ""),
             "groups": user.get("groups") or [],
-            "resourceAttributes": {"group": GROUP, "resource": RESOURCE, "verb": VERB},
+            "resourceAttributes": {"group": group, "resource": RESOURCE, "verb": verb},
         }
         if user.get("uid"):
             spec["uid"] = user["uid"]
@@ -116,6 +117,33 @@ class Authorizer:
         if decision.allowed:
             self._remember(key, decision.user, now)
         return decision
+
+    def check_user(self, user: Obj, *, group: str, verb: str) -> Decision:
+        """The decision for a user the API server authenticated already (the aggregated API:
+        ``frontproxy``), as TokenReview's ``status.user`` names one: may it ``verb`` the
+        resource ``gpus`` in ``group``? Cached like tokens, under a digest of the question."""
+        question = json.dumps([user, group, verb], sort_keys=True)
+        key = "user:" + hashlib.sha256(question.encode()).hexdigest()
+        now = self.clock()
+        with self._lock:
+            cached = self._cache.get(key)
+            if cached is not None and cached[0] > now:
+                return Decision(HTTPStatus.OK, user=cached[1])
+        name = str(user.get("username", ""))
+        try:
+            access = self.reviewer.access_review(user, group, verb).get("status") or {}
+        except GpusliceError as exc:
+            log.warning("cannot review a view request", error=str(exc))
+            return Decision(HTTPStatus.SERVICE_UNAVAILABLE, message="cannot review the user now")
+        if not access.get("allowed"):
+            return Decision(
+                HTTPStatus.FORBIDDEN,
+                user=name,
+                message=f'{RESOURCE}.{group} is forbidden: User "{name}" cannot {verb} '
+                f'resource "{RESOURCE}" in API group "{group}" at the cluster scope',
+            )
+        self._remember(key, name, now)
+        return Decision(HTTPStatus.OK, user=name)
 
     def _review(self, token: str) -> Decision:
         status = self.reviewer.token_review(token).get("status") or {}
