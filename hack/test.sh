@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# `make test`'s checks and tests in two streams at once (docs/testing.md, "How make test runs").
+# `make test`'s checks and tests in two streams at once (docs/development.md, "How `make test`
+# runs").
 #
-# The real-node tier (e2e/tests/realnode: the chart on real kubelets, ~5 minutes) spends most of
-# its time waiting for pods, pulls and probes, and everything else spends much of its time
-# waiting for API servers and processes: one after the other they left two cores about a third
-# busy and took close to CI's 20-minute budget. So the real-node tier runs as a pytest session
-# of its own in the background, while the foreground runs ruff, mypy, the import contracts, the
+# The suite waits more than it computes: the real-node tier on pods, pulls and probes, the other
+# e2e tiers on API servers and processes. One session after the other left two cores about a
+# third busy and took close to CI's 20-minute budget. So BACKGROUND (the real-node tier and the
+# tiers of about the same total length: node pods, chart, device plugin, cluster view) runs as a
+# pytest session of its own, while the foreground runs ruff, mypy, the import contracts, the
 # generated-code check and then every other test. Real nodes claim their cgroups, bridge and pod
-# subnet through a slot registry (e2e/sandbox/nodehost.py), and every other sandbox takes fresh
-# ports and temp dirs, so the two sessions share nothing but the CPUs.
+# subnet through a slot registry (e2e/sandbox/nodehost.py), and every sandbox takes fresh ports
+# and temp dirs, so the two sessions share nothing but the CPUs.
 #
 # The background session's output is printed after the foreground's, whole; the exit status is
 # the first failure's. Arguments go to the foreground pytest. GPUSLICE_TEST_SERIAL=1 runs the
@@ -17,51 +18,55 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 BIN=.venv/bin
-REALNODE=e2e/tests/realnode
-log=$(mktemp -t gpuslice-realnode-XXXXXX.log)
-realnode_pid=""
+BACKGROUND=(e2e/tests/realnode e2e/tests/nodepod e2e/tests/chart e2e/tests/device_plugin e2e/tests/view)
+log=$(mktemp -t gpuslice-tests-XXXXXX.log)
+background_pid=""
 
 stop_background() {
-    if [[ -n "$realnode_pid" ]] && kill -0 "$realnode_pid" 2>/dev/null; then
-        kill -TERM "$realnode_pid" 2>/dev/null
-        wait "$realnode_pid" 2>/dev/null
+    # SIGINT, as Ctrl-C: pytest stops and still runs its fixtures' teardown (real nodes,
+    # control planes), which SIGTERM would skip
+    if [[ -n "$background_pid" ]] && kill -0 "$background_pid" 2>/dev/null; then
+        kill -INT "$background_pid" 2>/dev/null
+        wait "$background_pid" 2>/dev/null
     fi
 }
 trap stop_background EXIT
 trap 'exit 130' INT TERM
 
-run_realnode() {
-    # no cache plugin: two sessions writing .pytest_cache at once would race
-    "$BIN/pytest" -q -p no:cacheprovider --durations=10 "$REALNODE"
-}
+# no cache plugin: two sessions writing .pytest_cache at once would race
+background_pytest=("$BIN/pytest" -q -p no:cacheprovider --durations=15 "${BACKGROUND[@]}")
 
 started=$(date +%s)
 if [[ -z "${GPUSLICE_TEST_SERIAL:-}" ]]; then
-    run_realnode >"$log" 2>&1 &
-    realnode_pid=$!
+    # job control on: without it bash starts a background job with SIGINT ignored, and Python
+    # then never turns a SIGINT into KeyboardInterrupt
+    set -m
+    "${background_pytest[@]}" >"$log" 2>&1 &
+    background_pid=$!
+    set +m
 fi
 
 status=0
 make --no-print-directory lint typecheck imports proto-check || status=$?
 if [[ $status -eq 0 ]]; then
-    "$BIN/pytest" -q --durations=25 --ignore="$REALNODE" "$@" || status=$?
+    "$BIN/pytest" -q --durations=25 "${BACKGROUND[@]/#/--ignore=}" "$@" || status=$?
 fi
-echo "test.sh: checks and tests but the real-node tier finished in $(( $(date +%s) - started ))s"
+echo "test.sh: the foreground's checks and tests finished in $(( $(date +%s) - started ))s"
 
-if [[ -n "$realnode_pid" ]]; then
+if [[ -n "$background_pid" ]]; then
     if [[ $status -ne 0 ]]; then
         stop_background  # the run has failed already; do not wait minutes to say so
     fi
-    wait "$realnode_pid"
-    realnode_status=$?
-    realnode_pid=""
-    echo "==================== real-node tier ($REALNODE, run alongside) ===================="
+    wait "$background_pid"
+    background_status=$?
+    background_pid=""
+    echo "==================== run alongside: ${BACKGROUND[*]} ===================="
     cat "$log"
 else
-    realnode_status=0
+    background_status=0
     if [[ $status -eq 0 ]]; then
-        run_realnode
-        realnode_status=$?
+        "${background_pytest[@]}"
+        background_status=$?
     fi
 fi
 rm -f "$log"
@@ -69,4 +74,4 @@ echo "test.sh: everything finished in $(( $(date +%s) - started ))s"
 if [[ $status -ne 0 ]]; then
     exit "$status"
 fi
-exit "$realnode_status"
+exit "$background_status"
