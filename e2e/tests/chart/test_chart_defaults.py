@@ -76,6 +76,11 @@ EXCEPTIONS: dict[tuple[str, str], dict[str, str]] = {
             "the labels of this release's node pods (app.kubernetes.io/instance=<release>); the"
             " default selects the node pods of any gpuslice install"
         ),
+        "GPUSLICE_AGGREGATED_API": (
+            "the chart registers the APIService and grants the front-proxy reads it needs; a"
+            " controller started by hand has neither, so it serves no aggregated API unless asked"
+        ),
+        "GPUSLICE_APISERVICES": "the chart's APIService, whose caBundle the leader keeps",
     },
 }
 

@@ -110,6 +110,10 @@ def controller(
             "--set",
             f"controller.webhook.namespaceSelector.matchLabels.gpuslice-e2e-webhooks={release}",
         ),
+        # No aggregated API: its APIService, registered in the shared sandbox while nothing
+        # serves it, would break discovery for every other suite; the real-node tier runs the
+        # controller with its RBAC (e2e/tests/realnode).
+        *("--set", "controller.aggregatedApi.enabled=false"),
         *("--show-only", "templates/controller.yaml"),
         *("--show-only", "templates/controller-webhooks.yaml"),
         release=release,

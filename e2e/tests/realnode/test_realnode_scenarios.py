@@ -56,6 +56,7 @@ from gpuslice_testkit.release import Summary, release
 pytest_plugins = ("e2e.sandbox.realnode_fixtures",)
 pytestmark = pytest.mark.timeout(420)  # dynamic_mig: a rolling helm upgrade, 80-160 s here
 
+VIEW_GROUP, VIEW_VERSION = "view.gpuslice.dev", "v1alpha1"  # the aggregated API (docs/view-api.md)
 NODES = ("gpu-real-0", "gpu-real-1")  # DRA
 DEVICE_PLUGIN_NODES = ("gpu-real-dp",)  # gpuslice.dev/mode=device-plugin
 SERVICES = ("kubelet-plugin", "enforcer", "mig-manager")
@@ -89,7 +90,7 @@ MONITORING_VALUES: dict[str, Any] = {
             "readers": [
                 {"kind": "ServiceAccount", "name": PROMETHEUS_SA, "namespace": MONITORING_NS}
             ]
-        }
+        },
     },
 }
 
@@ -343,6 +344,53 @@ def test_chart_runs_from_our_images_on_real_kubelets(
         assert status["ready"] and status["image"].endswith(
             cluster_image(cluster, installed, "controller", "controller", "deployments")
         ), status
+
+
+def test_the_view_api_lists_every_published_device_through_the_apiservice(
+    chart_cluster: tuple[Cluster, Installed, RealNodes],
+) -> None:
+    """The chart's APIService (on by default) on real kubelets, registered from the install on,
+    so every scenario's namespace teardown runs with it in discovery (an unavailable one would
+    stall them): the controller's leader puts its CA in it, the
+    API server's aggregator reaches a controller pod through the Service's endpoints, and the
+    controller accepts the aggregator's front-proxy identity (its RBAC: auth-delegator and the
+    extension-apiserver-authentication reader). A list through the API server is one GPU
+    object per device our slices publish, and a label selector is applied by the controller."""
+    cluster = chart_cluster[0]
+    kube = cluster.kube
+    name = f"{VIEW_VERSION}.{VIEW_GROUP}"
+
+    def available() -> bool:
+        got = kube.get(resource_path("apiregistration.k8s.io/v1", "apiservices", name=name))
+        conditions = (got.get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Available" and c["status"] == "True" for c in conditions)
+
+    wait_for(available, 60, f"APIService {name} to be Available")
+    slices = kube.list(resource_path("resource.k8s.io/v1", "resourceslices"))["items"]
+    published = {
+        f"{s['spec']['nodeName']}.{d['name']}"
+        for s in slices
+        if s["spec"].get("nodeName") in cluster.gpu_nodes
+        for d in s["spec"].get("devices") or []
+    }
+    gpus = f"/apis/{VIEW_GROUP}/{VIEW_VERSION}/gpus"
+
+    def listed() -> set[str] | None:
+        found = kube.get(gpus)  # the answer as served, not a client-side merge of pages
+        assert found["kind"] == "GPUList" and found["apiVersion"] == f"{VIEW_GROUP}/{VIEW_VERSION}"
+        names = {item["metadata"]["name"] for item in found["items"]}
+        return names if names >= published else None
+
+    # the view lists what the slices say once its informers caught up with them
+    assert wait_for(listed, 30, "the view API to list every published device") >= published
+    node = cluster.gpu_nodes[0]
+    selected = kube.list(gpus, label_selector=f"gpuslice.dev/node={node}")["items"]
+    assert selected and {item["metadata"]["labels"]["gpuslice.dev/node"] for item in selected} == {
+        node
+    }
+    assert {item["metadata"]["name"] for item in selected} == {
+        n for n in published if n.startswith(f"{node}.")
+    }
 
 
 def cluster_image(
