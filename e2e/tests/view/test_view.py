@@ -63,15 +63,20 @@ class Cli:
     def __init__(self, kubeconfig: Path, namespace: str) -> None:
         self.base = [str(PLUGIN), "--kubeconfig", str(kubeconfig), "-n", namespace]
 
-    def run(self, *args: str, rc: int = 0) -> str:
+    def done(self, *args: str, rc: int = 0) -> subprocess.CompletedProcess[str]:
         done = subprocess.run(
             [*self.base, *args], capture_output=True, text=True, timeout=60, check=False
         )
         assert done.returncode == rc, f"{args}: rc {done.returncode}\n{done.stdout}{done.stderr}"
+        return done
+
+    def run(self, *args: str, rc: int = 0) -> str:
+        done = self.done(*args, rc=rc)
         return done.stdout + done.stderr
 
     def json(self, *args: str) -> Any:
-        return json.loads(self.run(*args, "-o", "json"))
+        # stdout only: stderr has the note that no controller is named (no APIService here)
+        return json.loads(self.done(*args, "-o", "json").stdout)
 
 
 @pytest.fixture(scope="module")

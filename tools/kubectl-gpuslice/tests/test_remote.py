@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gpuslice_core.errors import FailedPreconditionError, NotFoundError
-from gpuslice_kube.errors import KubeForbiddenError
+from gpuslice_kube.errors import KubeForbiddenError, KubeNotFoundError
 from gpuslice_kubectl import remote
 from gpuslice_kubectl.remote import (
     Chooser,
@@ -110,37 +110,79 @@ def test_controller_locations() -> None:
             remote.parse(bad)
 
 
-class Services:
-    def __init__(self, items: list[Any] | Exception) -> None:
-        self.items = items
-        self.asked: list[tuple[str, str | None]] = []
+class Cluster:
+    """A RawApi with a tenant's Service that carries the chart's controller labels, and the
+    APIService v1alpha1.view.gpuslice.dev when ``apiservice`` is given."""
+
+    def __init__(self, apiservice: Any | Exception | None) -> None:
+        self.apiservice = apiservice
+        self.asked: list[str] = []
+
+    def get(self, path: str) -> Any:
+        self.asked.append(path)
+        if isinstance(self.apiservice, Exception):
+            raise self.apiservice
+        if path != remote.APISERVICE_PATH or self.apiservice is None:
+            raise KubeNotFoundError(path)
+        return self.apiservice
 
     def list(self, path: str, label_selector: str | None = None) -> Any:
-        self.asked.append((path, label_selector))
-        if isinstance(self.items, Exception):
-            raise self.items
-        return {"items": self.items}
+        self.asked.append(path)
+        labels = {"app.kubernetes.io/part-of": "gpuslice"}
+        labels["app.kubernetes.io/component"] = "controller"
+        tenant = {"metadata": {"namespace": "team-a", "name": "gpuslice", "labels": labels}}
+        return {"items": [tenant]}
 
 
-def service(ns: str, name: str, port: int = 443) -> Any:
-    return {
-        "metadata": {"namespace": ns, "name": name},
-        "spec": {"ports": [{"name": "webhook", "port": port}]},
-    }
+def apiservice(service: Any) -> Any:
+    return {"metadata": {"name": remote.APISERVICE}, "spec": {"service": service}}
 
 
-def test_discovery_by_the_charts_labels_in_every_namespace() -> None:
-    raw: Any = Services([service("gpuslice", "g-ctl", 8443)])
+def test_the_controller_is_the_service_the_apiservice_names() -> None:
+    raw: Any = Cluster(apiservice({"namespace": "gpuslice", "name": "g-ctl", "port": 8443}))
     assert remote.discover(raw) == Location("gpuslice", "g-ctl", 8443)
-    assert raw.asked == [("/api/v1/services", remote.SERVICE_SELECTOR)]
-    for items, says in [
-        ([], "no controller Service"),
-        ([service("a", "x"), service("b", "y")], "several controller Services (a/x, b/y)"),
-        (KubeForbiddenError("no"), "GPUSLICE_CONTROLLER=<namespace>/<service>"),
+    assert raw.asked == ["/apis/apiregistration.k8s.io/v1/apiservices/v1alpha1.view.gpuslice.dev"]
+    raw = Cluster(apiservice({"namespace": "gpuslice", "name": "g-ctl"}))
+    assert remote.discover(raw).port == 443
+    for found, says in [
+        (None, "no APIService v1alpha1.view.gpuslice.dev names the controller"),
+        (apiservice(None), "names no Service (spec.service)"),
+        ({"spec": {}}, "names no Service (spec.service)"),
+        (KubeForbiddenError("no"), "may not read the APIService"),
     ]:
         with pytest.raises(UnavailableError) as err:
-            remote.discover(Services(items))  # type: ignore[arg-type]
+            remote.discover(Cluster(found))  # type: ignore[arg-type]
         assert says in str(err.value)
+        assert "--controller or GPUSLICE_CONTROLLER=<namespace>/<service>" in str(err.value)
+
+
+def test_a_labelled_service_of_a_tenant_never_receives_the_token() -> None:
+    """Without the APIService, auto reads the API listing with one note and sends the token
+    nowhere; with it, the token goes to the Service it names, never to the tenant's."""
+    raw: Any = Cluster(None)
+    client: Any = Client("admin-token", Response(200, [{"from": "controller"}]))
+    notes: list[str] = []
+    api = Fixed("api", [{"from": "api"}])
+    chooser = Chooser(
+        "auto", api, lambda: ControllerSource(client, remote.discover(raw)), notes.append
+    )
+    assert chooser.read(lambda s: s.gpu_rows()) == [{"from": "api"}]
+    assert client.sent == []
+    assert "/api/v1/services" not in raw.asked
+    [note] = notes
+    assert note.startswith("reading from the API server (used columns show -): no APIService")
+    assert "name the controller with --controller" in note
+
+    raw = Cluster(apiservice({"namespace": "gpuslice", "name": "gpuslice-controller"}))
+    chooser = Chooser(
+        "auto", api, lambda: ControllerSource(client, remote.discover(raw)), notes.append
+    )
+    assert chooser.read(lambda s: s.gpu_rows()) == [{"from": "controller"}]
+    [(url, headers)] = client.sent
+    assert "/namespaces/gpuslice/services/https:gpuslice-controller:443/proxy/" in url
+    assert headers[TOKEN_HEADER] == "Bearer admin-token"
+    assert not any("team-a" in u for u, _ in client.sent)
+    assert "/api/v1/services" not in raw.asked
 
 
 class Response:

@@ -86,8 +86,8 @@ def parser() -> argparse.ArgumentParser:
         "--controller",
         default=os.environ.get("GPUSLICE_CONTROLLER") or None,
         help="The controller as <namespace>/<service>[:port] (through the API server) or "
-        "https://host[:port] (straight); found by its Service's labels when not given (env "
-        "GPUSLICE_CONTROLLER).",
+        "https://host[:port] (straight); when not given, the Service that the APIService "
+        "v1alpha1.view.gpuslice.dev names, and no other (env GPUSLICE_CONTROLLER).",
     )
     main.add_argument(
         "--controller-ca",

@@ -10,11 +10,14 @@ controller reviews as it reviews ``Authorization`` (TokenReview + SubjectAccessR
 ``https://`` location connects straight to the controller instead (from inside the cluster, or
 a port-forward), with the token in ``Authorization``.
 
-The controller is found by the chart's Service labels in any namespace (exactly one must
-match), or named: ``--controller`` / ``GPUSLICE_CONTROLLER`` as ``<namespace>/<service>[:port]``
-or ``https://host:port``. ``Chooser`` reads from it (``--source controller``), from the API
-(``api``), or from it when found and answering, else from the API with one line on stderr
-that says why (``auto``).
+The user's token goes only to a controller a cluster admin named: the Service that the APIService
+``v1alpha1.view.gpuslice.dev`` (cluster-scoped; the chart registers it) names in ``spec.service``,
+or one named with ``--controller`` / ``GPUSLICE_CONTROLLER`` as ``<namespace>/<service>[:port]``
+or ``https://host:port``. Never a Service found by labels: where anyone who may create a Service
+could make one with the chart's labels, that would hand them the token of whoever runs the
+plugin (issue 32). ``Chooser`` reads from the controller (``--source controller``), from the API
+(``api``), or from the controller when found and answering, else from the API with one line on
+stderr that says why (``auto``).
 """
 
 from __future__ import annotations
@@ -31,14 +34,16 @@ from urllib.parse import quote, urlencode
 from kubernetes.client import ApiClient
 
 from gpuslice_core.errors import FailedPreconditionError, GpusliceError, NotFoundError
-from gpuslice_kube.errors import KubeForbiddenError
+from gpuslice_kube.errors import KubeForbiddenError, KubeNotFoundError
 from gpuslice_kube.raw import RawApi
 from gpuslice_view.report import Row
+from gpuslice_view.resource import GROUP, VERSION
 from gpuslice_view.wire import TOKEN_HEADER
 
-"""The header that carries the user's bearer token through the API server's service proxy."""
-SERVICE_SELECTOR = "app.kubernetes.io/part-of=gpuslice,app.kubernetes.io/component=controller"
-"""The chart's controller Service."""
+APISERVICE = f"{VERSION}.{GROUP}"
+"""The chart's APIService; its ``spec.service`` is the controller's Service."""
+APISERVICE_PATH = f"/apis/apiregistration.k8s.io/v1/apiservices/{APISERVICE}"
+NAME_IT = "name the controller with --controller or GPUSLICE_CONTROLLER=<namespace>/<service>"
 PORT = 443
 TIMEOUT = 10.0
 SOURCES = ("auto", "view-api", "controller", "api")
@@ -101,26 +106,33 @@ def parse(spec: str) -> Location:
 
 
 def discover(raw: RawApi) -> Location:
-    """The one Service in any namespace with the chart's controller labels."""
+    """The Service that the APIService ``v1alpha1.view.gpuslice.dev`` names.
+
+    Only cluster admins create APIServices, so the Service it names is one an admin chose; the
+    chart's ClusterRole ``<release>-gpus`` lets viewers read this one APIService. Without it
+    (or without its ``spec.service``) no Service is trusted with the token: the caller falls
+    back to the API listing with a note that says how to name the controller.
+    """
     try:
-        found = raw.list("/api/v1/services", label_selector=SERVICE_SELECTOR)["items"]
+        found = raw.get(APISERVICE_PATH)
+    except KubeNotFoundError as exc:
+        raise UnavailableError(
+            f"no APIService {APISERVICE} names the controller, and no other Service is trusted "
+            f"with your token; {NAME_IT}"
+        ) from exc
     except KubeForbiddenError as exc:
         raise UnavailableError(
-            "may not list Services in all namespaces to find the controller; name it with "
-            "--controller or GPUSLICE_CONTROLLER=<namespace>/<service>"
+            f"may not read the APIService {APISERVICE} that names the controller; {NAME_IT}"
         ) from exc
-    if not found:
-        raise NotInstalledError(f"no controller Service ({SERVICE_SELECTOR}) in the cluster")
-    names = [f"{s['metadata']['namespace']}/{s['metadata']['name']}" for s in found]
-    if len(found) > 1:
+    service = (found.get("spec") or {}).get("service") or {}
+    if not service.get("namespace") or not service.get("name"):
         raise UnavailableError(
-            f"several controller Services ({', '.join(names)}); name one with "
-            "--controller or GPUSLICE_CONTROLLER"
+            f"the APIService {APISERVICE} names no Service (spec.service), and no other Service "
+            f"is trusted with your token; {NAME_IT}"
         )
-    ports = found[0].get("spec", {}).get("ports") or []
-    port = next((p["port"] for p in ports if p.get("name") == "webhook"), PORT)
-    namespace, _, service = names[0].partition("/")
-    return Location(namespace, service, int(port))
+    return Location(
+        str(service["namespace"]), str(service["name"]), int(service.get("port") or PORT)
+    )
 
 
 class ControllerSource:
