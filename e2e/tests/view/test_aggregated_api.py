@@ -353,8 +353,15 @@ def test_kubectl_gpuslice_reads_gpus_from_the_view_api(
     mine = f"gpuslice.dev/node={node.name}"
     done = plugin(sandbox, "--source", "view-api", "top", "gpus", "-l", mine, "-o", "json")
     assert done.returncode == 0 and done.stderr == "", done.stderr
-    [row] = json.loads(done.stdout)
-    assert (row["node"], row["uuid"], row["cores"]["total"]) == (node.name, node.gpu_uuid(0), 100)
+    listed = json.loads(done.stdout)
+    assert listed["kind"] == "GPUList"
+    [obj] = listed["items"]  # as the view API served it: kind, and the store's resourceVersion
+    assert (obj["apiVersion"], obj["kind"]) == (f"{GROUP}/{VERSION}", "GPU")
+    assert obj["metadata"]["resourceVersion"]
+    spec = obj["spec"]
+    assert (spec["node"], spec["uuid"], spec["cores"]) == (node.name, node.gpu_uuid(0), 100)
+    path = plugin(sandbox, "top", "gpus", "-l", mine, "-o", "jsonpath={.items[*].spec.uuid}")
+    assert path.stdout == node.gpu_uuid(0), path.stderr
     auto = plugin(sandbox, "top", "gpus", "-l", mine, "--no-headers")
     assert auto.returncode == 0 and auto.stderr == "", auto.stderr
     [line] = auto.stdout.splitlines()

@@ -24,6 +24,7 @@ from e2e.sandbox.gpunode import GpuNode
 from e2e.sandbox.nodeagent.testing import unique
 from e2e.support.controller import Controller, running_controller, token
 from gpuslice_kube.raw import RawApi, resource_path
+from gpuslice_view.resource import API_VERSION, row_of
 
 pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
 pytestmark = pytest.mark.timeout(180)
@@ -105,7 +106,9 @@ def test_top_gpus_reads_the_controller_then_falls_back_to_the_api(
     done = plugin(kubeconfig, *where, "--source", "controller", "top", "gpus", "-o", "json")
     assert done.returncode == 0, done.stderr
     # other test modules' GPU nodes may still be going away: only this node's rows count
-    rows: list[Any] = [r for r in json.loads(done.stdout) if r["node"] == node.name]
+    listed = json.loads(done.stdout)
+    assert (listed["apiVersion"], listed["kind"]) == (API_VERSION, "GPUList")
+    rows: list[Any] = [row_of(o) for o in listed["items"] if o["spec"]["node"] == node.name]
     assert len(rows) == 1
     assert rows[0]["live"]["state"] in ("ok", "unknown", "stale", "unreachable")
     assert done.stderr == ""
@@ -117,7 +120,7 @@ def test_top_gpus_reads_the_controller_then_falls_back_to_the_api(
     controller.stop()
     done = plugin(kubeconfig, *where, "top", "gpus", "-o", "json")
     assert done.returncode == 0, done.stderr
-    assert [r["node"] for r in json.loads(done.stdout)].count(node.name) == 1
+    assert [o["spec"]["node"] for o in json.loads(done.stdout)["items"]].count(node.name) == 1
     [note] = done.stderr.splitlines()
     assert note.startswith("kubectl-gpuslice: reading from the API server (used columns show -):")
     assert "did not answer" in note

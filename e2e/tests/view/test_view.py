@@ -33,6 +33,7 @@ from e2e.support.view import delete_pods, start_pod
 from gpuslice_kube.raw import Obj, RawApi
 from gpuslice_view.feed import ViewFeeder
 from gpuslice_view.report import gpu_rows
+from gpuslice_view.resource import API_VERSION, row_of
 from gpuslice_view.source import load
 
 pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
@@ -94,7 +95,10 @@ def wait_unschedulable(kube: RawApi, ns: str, name: str) -> str:
 
 
 def rows(cli: Cli, node: GpuNode) -> dict[str, Obj]:
-    return {r["device"]: r for r in cli.json("top", "gpus") if r["node"] == node.name}
+    listed = cli.json("top", "gpus")  # a GPUList whatever the source
+    assert (listed["apiVersion"], listed["kind"]) == (API_VERSION, "GPUList")
+    found = [row_of(obj) for obj in listed["items"]]
+    return {r["device"]: r for r in found if r["node"] == node.name}
 
 
 def test_top_describe_and_claims_follow_create_and_delete(

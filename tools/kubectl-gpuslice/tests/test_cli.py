@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
+import yaml
 
 from gpuslice_core.errors import FailedPreconditionError
 from gpuslice_kube.errors import KubeNotFoundError
+from gpuslice_kube.raw import RawApi
 from gpuslice_kubectl import cli
-from gpuslice_testkit.view import gpu, resource_slice
-from gpuslice_view import cordon
+from gpuslice_kubectl.remote import Chooser
+from gpuslice_kubectl.viewapi import VERSION_PATH, ViewApiSource
+from gpuslice_testkit.view import claim, gpu, resource_slice, result
+from gpuslice_view import cordon, report, resource
 from gpuslice_view.model import ClusterView
 from gpuslice_view.source import taint_rule_version
 
@@ -86,3 +91,132 @@ def test_the_newest_served_device_taint_rule_version_is_used() -> None:
     assert taint_rule_version(raw) == "v1alpha3"
     raw = Discovery({"v1": ["devicetaintrules"], "v1alpha3": ["devicetaintrules"]})
     assert taint_rule_version(raw) == "v1"
+
+
+def test_every_global_flag_goes_after_the_command_too() -> None:
+    flags = ["-o", "json", "--context", "x", "--kubeconfig", "k", "-n", "ml", "--no-headers"]
+    flags += ["-l", "gpuslice.dev/type=gpu", "--source", "api", "--controller", "ops/ctl"]
+    flags += ["--controller-ca", "ca.crt"]
+    for argv in (["top", "gpus", *flags], [*flags, "top", "gpus"]):
+        args = cli.parser().parse_args(argv)
+        kube = (args.output, args.context, args.kubeconfig, args.namespace, args.no_headers)
+        assert kube == ("json", "x", "k", "ml", True)
+        ours = (args.selector, args.source, args.controller, args.controller_ca)
+        assert ours == ("gpuslice.dev/type=gpu", "api", "ops/ctl", "ca.crt")
+    # given before the command and not after it, a flag keeps its value
+    args = cli.parser().parse_args(["--source", "api", "-o", "yaml", "claims", "-A"])
+    assert (args.source, args.output, args.all_namespaces) == ("api", "yaml", True)
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["top", "gpus", "-o", "xml"], "give one of table, wide, json, yaml, name or jsonpath="),
+        (["top", "gpus", "-o", "jsonpath={.items[?(@.x)]}"], "cannot read '[?(@.x)]'"),
+        (["top", "gpus", "-o", "jsonpath={range .items[*]}"], "{range} without {end}"),
+        (["claims", "-l", "a=b"], "-l/--selector applies to top gpus, not to claims"),
+    ],
+)
+def test_bad_output_and_selector_flags_are_bad_usage(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(argv)
+    assert exited.value.code == 2
+    assert says in capsys.readouterr().err
+
+
+def two_gpus() -> ClusterView:
+    return ClusterView.build(
+        slices=[resource_slice("node-a", [gpu(0), gpu(1)])],
+        claims=[claim("ml", "a", results=[result("node-a", "gpu-0", cores="30")])],
+    )
+
+
+class Rows:
+    """A source that answers with the rows of ``two_gpus`` (the controller's or the API's)."""
+
+    name = "api"
+
+    def gpu_rows(self) -> list[Any]:
+        return report.gpu_rows(two_gpus())
+
+    def gpu_row(self, ref: str) -> Any:
+        view = two_gpus()
+        return report.gpu_row(view, view.usage()[view.find(ref).key])
+
+
+class Served:
+    """The view API's list and get, the objects with the resourceVersion the store gives."""
+
+    def __init__(self) -> None:
+        self.objs = [
+            {**resource.gpu_object(r), "metadata": {**resource.gpu_object(r)["metadata"]}}
+            for r in report.gpu_rows(two_gpus())
+        ]
+        for obj in self.objs:
+            obj["metadata"]["resourceVersion"] = "42"
+            del obj["apiVersion"], obj["kind"]  # as a list's items may come
+
+    def get(self, path: str) -> Any:
+        if path == VERSION_PATH:
+            return {"resources": [{"name": "gpus"}]}
+        name = path.rsplit("/", 1)[1]
+        return {"apiVersion": resource.API_VERSION, "kind": "GPU"} | next(
+            o for o in self.objs if o["metadata"]["name"] == name
+        )
+
+    def list(self, path: str, label_selector: str | None = None) -> Any:
+        return {"items": self.objs}
+
+
+def printed(
+    capsys: pytest.CaptureFixture[str], source: Any, argv: list[str], *, view_api: Any = None
+) -> str:
+    args = cli.parser().parse_args(argv)
+    args.output = args.output or "table"
+    chooser = Chooser(args.source, source, lambda: source, lambda line: None, view_api)
+    cli._gpus(args, chooser)
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("where", ["rows", "view-api"])
+def test_json_is_a_gpu_list_whatever_the_source(
+    where: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    view_api = ViewApiSource(cast(RawApi, Served())) if where == "view-api" else None
+    out = printed(capsys, Rows(), ["top", "gpus", "-o", "json"], view_api=view_api)
+    listed = json.loads(out)
+    assert (listed["apiVersion"], listed["kind"]) == ("view.gpuslice.dev/v1alpha1", "GPUList")
+    [a0, a1] = listed["items"]
+    assert (a0["apiVersion"], a0["kind"], a0["metadata"]["name"]) == (
+        "view.gpuslice.dev/v1alpha1",
+        "GPU",
+        "node-a.gpu-0",
+    )
+    assert (a0["status"]["allocatedCores"], a1["status"]["allocatedCores"]) == (30, 0)
+    # as served: the store's resourceVersion comes along; built from rows: none
+    assert a0["metadata"].get("resourceVersion") == ("42" if view_api else None)
+    one = json.loads(
+        printed(capsys, Rows(), ["describe", "gpu", "node-a/1", "-o", "json"], view_api=view_api)
+    )
+    assert (one["kind"], one["metadata"]["name"]) == ("GPU", "node-a.gpu-1")
+    names = printed(
+        capsys,
+        Rows(),
+        ["top", "gpus", "-o", "jsonpath={.items[*].metadata.name}"],
+        view_api=view_api,
+    )
+    assert names == "node-a.gpu-0 node-a.gpu-1"
+    selected = printed(
+        capsys,
+        Rows(),
+        ["top", "gpus", "-l", "gpuslice.dev/allocated=true", "-o", "yaml"],
+        view_api=view_api,
+    )
+    assert [o["metadata"]["name"] for o in yaml.safe_load(selected)["items"]] == ["node-a.gpu-0"]
+    table = printed(capsys, Rows(), ["top", "gpus", "--no-headers"], view_api=view_api)
+    assert [line.split()[:2] for line in table.splitlines()] == [
+        ["node-a", "gpu-0"],
+        ["node-a", "gpu-1"],
+    ]

@@ -34,36 +34,96 @@ from gpuslice_core import logging as gslog
 from gpuslice_core.errors import GpusliceError, NotFoundError
 from gpuslice_kube.client import new_api_client
 from gpuslice_kube.raw import RawApi
-from gpuslice_kubectl import remote, viewapi
+from gpuslice_kubectl import jsonpath, remote, viewapi
 from gpuslice_view import __version__, cordon, report, resource, source
 from gpuslice_view.reasons import Reason, why_claim
 from gpuslice_view.selectors import label_selector
 
+OUTPUTS = ("table", "wide", "json", "yaml", "name")
+
+
+def output_format(value: str) -> str:
+    """``-o``: one of ``OUTPUTS`` or ``jsonpath=<template>`` (checked here: a bad template is
+    bad usage, before any request)."""
+    kind, eq, template = value.partition("=")
+    if kind in ("jsonpath", "jsonpath-as-json") and eq:
+        if kind == "jsonpath-as-json":
+            raise argparse.ArgumentTypeError("jsonpath-as-json is not supported; use jsonpath=")
+        try:
+            jsonpath.parse(template)
+        except GpusliceError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+        return value
+    if value not in OUTPUTS:
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: give one of {', '.join(OUTPUTS)} or jsonpath=<template>"
+        )
+    return value
+
 
 def _common(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
-    default: Any = argparse.SUPPRESS if suppress else None
-    parser.add_argument("--kubeconfig", default=default, help="Path of the kubeconfig file.")
-    parser.add_argument("--context", default=default, help="The kubeconfig context to use.")
-    parser.add_argument("-n", "--namespace", default=default, help="The namespace to look in.")
+    """The flags that go before or after the command, as kubectl's global flags do. On the
+    command's parser they default to SUPPRESS, so a flag given before it is kept."""
+
+    def default(value: Any) -> Any:
+        return argparse.SUPPRESS if suppress else value
+
+    parser.add_argument(
+        "--kubeconfig", default=default(None), help="The path of the kubeconfig file."
+    )
+    parser.add_argument("--context", default=default(None), help="The kubeconfig context to use.")
+    parser.add_argument(
+        "-n", "--namespace", default=default(None), help="The namespace to look in."
+    )
     parser.add_argument(
         "-A",
         "--all-namespaces",
         action="store_true",
-        default=argparse.SUPPRESS if suppress else False,
+        default=default(False),
         help="Look in every namespace.",
     )
     parser.add_argument(
         "-o",
         "--output",
-        choices=("table", "wide", "json", "yaml", "name"),
-        default=default,
-        help="Output format (default: a table; name: one resource name a line, as kubectl's).",
+        type=output_format,
+        default=default(None),
+        help="The output format: table (the default), wide, json, yaml, name (one resource name "
+        "a line, as kubectl's), or jsonpath=<template> (kubectl's JSONPath, a subset: "
+        "docs/cluster-view.md).",
     )
     parser.add_argument(
         "--no-headers",
         action="store_true",
-        default=argparse.SUPPRESS if suppress else False,
+        default=default(False),
         help="Print tables without their header line.",
+    )
+    parser.add_argument(
+        "-l",
+        "--selector",
+        default=default(None),
+        help="For top gpus: only GPUs whose labels match, as kubectl get gpus -l takes it "
+        "(gpuslice.dev/node, type, model, mig-profile, cordoned, allocated; docs/view-api.md).",
+    )
+    parser.add_argument(
+        "--source",
+        choices=remote.SOURCES,
+        default=default(os.environ.get("GPUSLICE_SOURCE") or "auto"),
+        help="Where the model comes from: view-api (the aggregated API gpus.view.gpuslice.dev, "
+        "GPUs only), the controller's /view/, the API server's objects, or auto (the first of "
+        "them that is installed and answers) (env GPUSLICE_SOURCE).",
+    )
+    parser.add_argument(
+        "--controller",
+        default=default(os.environ.get("GPUSLICE_CONTROLLER") or None),
+        help="The controller as <namespace>/<service>[:port] (through the API server) or "
+        "https://host[:port] (straight); when not given, the Service that the APIService "
+        "v1alpha1.view.gpuslice.dev names, and no other (env GPUSLICE_CONTROLLER).",
+    )
+    parser.add_argument(
+        "--controller-ca",
+        default=default(os.environ.get("GPUSLICE_CONTROLLER_CA") or None),
+        help="The CA file that signs the controller's certificate, for an https:// --controller "
+        "(env GPUSLICE_CONTROLLER_CA).",
     )
 
 
@@ -74,27 +134,6 @@ def parser() -> argparse.ArgumentParser:
         "why a claim does not get a GPU.",
     )
     main.add_argument("--version", action="version", version=f"kubectl-gpuslice {__version__}")
-    main.add_argument(
-        "--source",
-        choices=remote.SOURCES,
-        default=os.environ.get("GPUSLICE_SOURCE") or "auto",
-        help="Where the model comes from: view-api (the aggregated API gpus.view.gpuslice.dev, "
-        "GPUs only), the controller's /view/, the API server's objects, or auto (the first of "
-        "them that is installed and answers) (env GPUSLICE_SOURCE).",
-    )
-    main.add_argument(
-        "--controller",
-        default=os.environ.get("GPUSLICE_CONTROLLER") or None,
-        help="The controller as <namespace>/<service>[:port] (through the API server) or "
-        "https://host[:port] (straight); when not given, the Service that the APIService "
-        "v1alpha1.view.gpuslice.dev names, and no other (env GPUSLICE_CONTROLLER).",
-    )
-    main.add_argument(
-        "--controller-ca",
-        default=os.environ.get("GPUSLICE_CONTROLLER_CA") or None,
-        help="The CA file that signs the controller's certificate, for an https:// --controller "
-        "(env GPUSLICE_CONTROLLER_CA).",
-    )
     _common(main, suppress=False)
     sub = main.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -105,13 +144,6 @@ def parser() -> argparse.ArgumentParser:
 
     top = add("top", "Show every GPU and MIG device: cores and memory allocated, status.")
     top.add_argument("what", choices=("gpus",), help="What to show: gpus.")
-    top.add_argument(
-        "-l",
-        "--selector",
-        default=None,
-        help="Only GPUs whose labels match, as kubectl get gpus -l takes it "
-        "(gpuslice.dev/node, type, model, mig-profile, cordoned, allocated; docs/view-api.md).",
-    )
     describe = add("describe", "Show one GPU: its taints and every claim and pod on it.")
     describe.add_argument("what", choices=("gpu",), help="What to describe: gpu.")
     describe.add_argument("gpu", help="A GPU or MIG UUID, <node>/<index> or <node>/<device>.")
@@ -154,7 +186,9 @@ def _namespace(args: argparse.Namespace, kubeconfig: str | None) -> str:
 
 
 def _emit(args: argparse.Namespace, data: Any, text: str, names: Sequence[str] = ()) -> None:
-    if args.output == "json":
+    if args.output.startswith("jsonpath="):
+        print(jsonpath.render(args.output.removeprefix("jsonpath="), data), end="")
+    elif args.output == "json":
         print(json.dumps(data, indent=2))
     elif args.output == "yaml":
         print(yaml.safe_dump(data, sort_keys=False), end="")
@@ -177,6 +211,45 @@ def _gpu_name(row: report.Row) -> str:
 
 def _claim_name(row: report.Row) -> str:
     return f"resourceclaim.resource.k8s.io/{row['name']}"
+
+
+def _served(source_: remote.ViewSource, rows: list[report.Row]) -> list[resource.Obj]:
+    """The GPU objects of ``rows``: as the view API served them, else built from the rows the
+    same way the controller builds what it serves."""
+    if isinstance(source_, viewapi.ViewApiSource):
+        return source_.served(rows)
+    return [resource.gpu_object(row) for row in rows]
+
+
+def _all_gpus(source_: remote.ViewSource) -> list[tuple[report.Row, resource.Obj]]:
+    rows = source_.gpu_rows()
+    return list(zip(rows, _served(source_, rows), strict=True))
+
+
+def _one_gpu(source_: remote.ViewSource, ref: str) -> tuple[report.Row, resource.Obj]:
+    row = source_.gpu_row(ref)
+    return row, _served(source_, [row])[0]
+
+
+def _gpus(args: argparse.Namespace, chooser: remote.Chooser) -> None:
+    """``top gpus`` and ``describe gpu``: tables from the rows; ``-o json|yaml|jsonpath`` the
+    GPU objects (a ``GPUList`` for top), whatever the source, so scripts see one format."""
+    if args.command == "top":
+        wanted = label_selector(args.selector)  # (a bad one fails before any request)
+        pairs = chooser.read(_all_gpus)
+        pairs = [(row, obj) for row, obj in pairs if wanted(obj["metadata"].get("labels") or {})]
+        rows = [row for row, _ in pairs]
+        listed = {
+            "apiVersion": resource.API_VERSION,
+            "kind": resource.LIST_KIND,
+            "metadata": {},
+            "items": [obj for _, obj in pairs],
+        }
+        table = report.gpu_table(rows, wide=args.output == "wide")
+        _emit(args, listed, table, [_gpu_name(r) for r in rows])
+    else:
+        row, obj = chooser.read(lambda s: _one_gpu(s, args.gpu))
+        _emit(args, obj, report.describe_gpu(row), [_gpu_name(row)])
 
 
 def _why(args: argparse.Namespace, raw: RawApi, chooser: remote.Chooser, namespace: str) -> None:
@@ -222,15 +295,8 @@ def run(args: argparse.Namespace) -> int:
     raw = RawApi(api_client, deadline=20.0)
     namespace = _namespace(args, kubeconfig)
     chooser = _chooser(args, api_client, raw)
-    if args.command == "top":
-        wanted = label_selector(args.selector)  # (a bad one fails before any request)
-        rows = chooser.read(lambda s: s.gpu_rows())
-        rows = [r for r in rows if wanted(resource.labels(r))]
-        table = report.gpu_table(rows, wide=args.output == "wide")
-        _emit(args, rows, table, [_gpu_name(r) for r in rows])
-    elif args.command == "describe":
-        row = chooser.read(lambda s: s.gpu_row(args.gpu))
-        _emit(args, row, report.describe_gpu(row), [_gpu_name(row)])
+    if args.command in ("top", "describe"):
+        _gpus(args, chooser)
     elif args.command == "claims":
         rows = chooser.read(lambda s: s.claim_rows(None if args.all_namespaces else namespace))
         table = report.claim_table(rows, all_namespaces=args.all_namespaces)
@@ -249,7 +315,9 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    args.output = getattr(args, "output", None) or "table"
+    args.output = args.output or "table"
+    if args.selector is not None and args.command != "top":
+        parser().error(f"-l/--selector applies to top gpus, not to {args.command}")
     # What the libraries log (e.g. an object in the cluster that cannot be decoded is skipped)
     # goes to stderr as text: stdout is the answer, and may be JSON another program reads.
     gslog.configure(component="kubectl-gpuslice", level="warning", json=False, stream=sys.stderr)

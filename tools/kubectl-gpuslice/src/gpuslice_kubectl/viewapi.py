@@ -36,6 +36,20 @@ class ViewApiSource:
     def __init__(self, raw: RawApi) -> None:
         self.raw = raw
         self._served = False
+        self._objects: dict[str, resource.Obj] = {}  # as last served, by name
+
+    def served(self, rows: list[Row]) -> list[resource.Obj]:
+        """The objects ``rows`` were read from, as the API server served them (a list's items
+        given their ``apiVersion`` and ``kind``, which a list may leave out)."""
+        found = []
+        for row in rows:
+            obj = self._objects[resource.object_name(row["node"], row["device"])]
+            found.append({"apiVersion": resource.API_VERSION, "kind": resource.KIND, **obj})
+        return found
+
+    def _keep(self, obj: resource.Obj) -> Row:
+        self._objects[obj["metadata"]["name"]] = obj
+        return resource.row_of(obj)
 
     def _call(self, fn: Callable[[], Any]) -> Any:
         if not self._served:
@@ -55,7 +69,7 @@ class ViewApiSource:
 
     def gpu_rows(self, selector: str | None = None) -> list[Row]:
         listed = self._call(lambda: self.raw.list(COLLECTION, label_selector=selector or None))
-        return [resource.row_of(obj) for obj in listed["items"]]
+        return [self._keep(obj) for obj in listed["items"]]
 
     def gpu_row(self, ref: str) -> Row:
         """``ref`` as the other sources take it (a UUID, ``<node>/<index>``,
@@ -81,8 +95,7 @@ class ViewApiSource:
                 f"no GPU {ref!r} (no {resource.RESOURCE}.{resource.GROUP} "
                 f"{resource.object_name(node, device)!r}); kubectl get gpus lists them"
             ) from exc
-        found: Row = resource.row_of(obj)
-        return found
+        return self._keep(obj)
 
     def claim_rows(self, namespace: str | None) -> list[Row]:
         raise NotServedError("the view API serves GPUs only")
