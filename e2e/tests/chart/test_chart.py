@@ -596,8 +596,13 @@ def test_the_aggregated_api_is_on_by_default_complete_and_can_be_left_out(
         ]
     gpus = one(objs, "ClusterRole", "gpuslice-gpus")
     assert rule_set(gpus) == {
-        ("view.gpuslice.dev", "gpus", v, "") for v in ("get", "list", "watch")
-    } | {("apiregistration.k8s.io", "apiservices", "get", "v1alpha1.view.gpuslice.dev")}
+        ("view.gpuslice.dev", r, v, "")
+        for r in ("gpus", "gpuclaims")
+        for v in ("get", "list", "watch")
+    } | {
+        ("view.gpuslice.dev", "gpureasons", "get", ""),
+        ("apiregistration.k8s.io", "apiservices", "get", "v1alpha1.view.gpuslice.dev"),
+    }
     labels = gpus["metadata"]["labels"]
     for role in ("view", "edit", "admin"):
         assert labels[f"rbac.authorization.k8s.io/aggregate-to-{role}"] == "true"

@@ -1,7 +1,8 @@
-"""The cluster view as the aggregated API ``gpus.view.gpuslice.dev``, through the sandbox's real
-kube-apiserver with the real kubectl: discovery, ``get`` (table, ``-o wide``, ``-l``, ``-o
-json``), ``describe``, ``-w``; RBAC on the real resource; and the controller refusing
-front-proxy headers on a connection without the front-proxy client certificate.
+"""The cluster view as the aggregated API ``view.gpuslice.dev``, through the sandbox's real
+kube-apiserver with the real kubectl: discovery, ``get gpus`` (table, ``-o wide``, ``-l``, ``-o
+json``), ``describe``, ``-w``; ``gpuclaims`` and ``gpureasons`` in a namespace; RBAC on the
+real resources, cluster-wide and per namespace; and the controller refusing front-proxy headers
+on a connection without the front-proxy client certificate.
 
 The API server reaches an APIService through its Service's endpoint (the sandbox runs it with
 ``--enable-aggregator-routing``: there is no kube-proxy), and endpoint addresses may not be
@@ -31,6 +32,7 @@ from e2e.sandbox.controlplane import ControlPlane
 from e2e.sandbox.gpunode import GpuNode
 from e2e.sandbox.nodeagent.testing import unique, wait_for
 from e2e.support.controller import Controller, running_controller, token
+from e2e.support.view import start_pod
 from gpuslice_kube.errors import KubeNotFoundError
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 
@@ -370,3 +372,93 @@ def test_kubectl_gpuslice_reads_gpus_from_the_view_api(
     assert names.stdout.split() == [f"gpu.{GROUP}/{node.name}.gpu-0"]
     described = plugin(sandbox, "describe", "gpu", f"{node.name}/0")
     assert described.returncode == 0 and node.gpu_uuid(0) in described.stdout, described.stderr
+
+
+def test_gpuclaims_and_gpureasons_per_namespace_with_rbac_in_it(
+    sandbox: ControlPlane, kube: RawApi, ns: str, node: GpuNode, apiservice: str, tmp_path: Path
+) -> None:
+    """A claim the real scheduler allocates on the sandbox GPU, listed as gpuclaims; the reason
+    of a pod whose claim cannot fit, as a gpureason; and a user with a Role in this namespace
+    only, who reads claims here (the controller's review carries the namespace) and is refused
+    in another namespace by the API server."""
+    start_pod(kube, ns, node, "fits", cores="20", memory="4Gi")
+    start_pod(kube, ns, node, "huge", cores="10", memory="100Gi")
+    role = "gpuclaims-reader"
+    kube.create(
+        resource_path(RBAC, "roles", namespace=ns),
+        {
+            "apiVersion": RBAC,
+            "kind": "Role",
+            "metadata": {"name": role},
+            "rules": [
+                {
+                    "apiGroups": [GROUP],
+                    "resources": ["gpuclaims"],
+                    "verbs": ["get", "list", "watch"],
+                },
+                {"apiGroups": [GROUP], "resources": ["gpureasons"], "verbs": ["get"]},
+            ],
+        },
+    )
+    kube.create(
+        resource_path(RBAC, "rolebindings", namespace=ns),
+        {
+            "apiVersion": RBAC,
+            "kind": "RoleBinding",
+            "metadata": {"name": role},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": role, "namespace": ns}],
+        },
+    )
+    try:
+
+        def allocated() -> Obj | None:
+            got = kubectl(sandbox, "get", "gpuclaims", "-n", ns, "-o", "json")
+            assert got.returncode == 0, got.stderr
+            items = json.loads(got.stdout)["items"]
+            fits = [o for o in items if o["metadata"]["name"].startswith("fits-")]
+            return fits[0] if fits and fits[0]["status"]["state"] == "Allocated" else None
+
+        claim = wait_for(allocated, 20, "the claim of fits allocated, as a gpuclaim")
+        name = claim["metadata"]["name"]
+        assert (claim["apiVersion"], claim["kind"]) == (f"{GROUP}/{VERSION}", "GPUClaim")
+        [device] = claim["status"]["devices"]
+        assert (device["node"], device["uuid"], device["cores"]) == (
+            node.name,
+            node.gpu_uuid(0),
+            20,
+        )
+        table = kubectl(sandbox, "get", "gpuclaims", "-n", ns)
+        head, *rows = table.stdout.splitlines()
+        assert head.split()[:4] == ["NAME", "STATE", "DEVICES", "CORES"], table.stderr
+        [row] = [r.split() for r in rows if r.startswith(name + " ")]
+        assert row[1:5] == ["Allocated", f"{node.name}/0", "20%", "4Gi"]
+        wide = kubectl(sandbox, "get", "gpuclaims", "-A", "-o", "wide")
+        assert wide.stdout.splitlines()[0].split()[0] == "NAMESPACE", wide.stderr
+        assert wide.stdout.splitlines()[0].split()[-2:] == ["NODES", "CLASSES"]
+
+        reason = kubectl(sandbox, "get", "gpureason", "huge", "-n", ns, "-o", "json")
+        assert reason.returncode == 0, reason.stderr
+        why = json.loads(reason.stdout)
+        assert why["kind"] == "GPUReason" and why["status"]["reasons"], why
+        # kubectl gpuslice, with the admin's client certificate (which /view/ cannot take)
+        claims = plugin(sandbox, "-n", ns, "claims", "--no-headers")
+        assert claims.returncode == 0 and claims.stderr == "", claims.stderr
+        assert [line.split()[:2] for line in claims.stdout.splitlines() if "fits-" in line] == [
+            [name, "Allocated"]
+        ]
+        said = plugin(sandbox, "-n", ns, "why", "pod/huge", "-o", "json")
+        assert said.returncode == 0 and said.stderr == "", said.stderr
+        assert json.loads(said.stdout)["metadata"]["name"] == "huge"
+
+        reader = user_kubeconfig(sandbox, token(kube, ns, role), tmp_path / "reader")
+        mine = kubectl(sandbox, "get", "gpuclaims", "-n", ns, "-o", "name", config=reader)
+        assert mine.returncode == 0, mine.stderr
+        assert f"gpuclaim.{GROUP}/{name}" in mine.stdout.split()
+        theirs = kubectl(sandbox, "get", "gpuclaims", "-n", "default", config=reader)
+        assert theirs.returncode == 1 and "Error from server (Forbidden)" in theirs.stderr
+        assert 'in the namespace "default"' in theirs.stderr, theirs.stderr
+    finally:
+        for pod in ("fits", "huge"):
+            with contextlib.suppress(KubeNotFoundError):
+                kube.delete(resource_path("v1", "pods", namespace=ns, name=pod))

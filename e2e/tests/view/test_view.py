@@ -189,10 +189,11 @@ def test_why_names_the_cause(cli: Cli, kube: RawApi, node: GpuNode, ns: str) -> 
     for name, (code, text) in expected.items():
         assert "cannot allocate all claims" in wait_unschedulable(kube, ns, name)
         got = cli.json("why", f"pod/{name}")
-        [reason] = got["reasons"]
+        assert (got["kind"], got["metadata"]["name"]) == ("GPUReason", name)
+        [reason] = got["status"]["reasons"]
         assert reason["code"] == code, got
         assert text in reason["message"], got
-        assert got["scheduler"]  # the scheduler's own message comes along
+        assert got["status"]["scheduler"]  # the scheduler's own message comes along
     running = cli.run("why", "big0")
     assert f"Allocated: claim {ns}/big0-" in running and f"gpu on {node.name}/0" in running
     delete_pods(kube, ns, "big0", "big1", "mig", "memory", "booked", "a100")
@@ -212,7 +213,7 @@ def test_cordon_keeps_new_claims_off_and_evict_evicts(
     start_pod(kube, ns, node, "pinned", selector=on_gpu(1), cores="10", memory="1Gi")
     start_pod(kube, ns, node, "anywhere", cores="10", memory="1Gi")
     wait_unschedulable(kube, ns, "pinned")
-    [reason] = cli.json("why", "pinned")["reasons"]
+    [reason] = cli.json("why", "pinned")["status"]["reasons"]
     assert reason["code"] == "Tainted"
     assert (
         f"{ref}: gpu.gpuslice.dev/cordon:NoSchedule (DeviceTaintRule {rule})" in reason["message"]

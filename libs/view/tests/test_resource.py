@@ -84,10 +84,14 @@ def test_bad_label_selectors_name_what_was_given(bad: str) -> None:
         label_selector(bad)
 
 
-def test_field_selectors_know_the_name_only() -> None:
+def test_field_selectors_know_the_name_and_namespace_only() -> None:
     obj = {"metadata": {"name": "n.gpu-0"}}
     assert field_selector("metadata.name=n.gpu-0")(obj)
     assert not field_selector("metadata.name!=n.gpu-0")(obj)
+    assert field_selector("metadata.namespace=")(obj)  # cluster-scoped: no namespace
+    claim = {"metadata": {"name": "a", "namespace": "ml"}}
+    assert field_selector("metadata.namespace==ml,metadata.name=a")(claim)
+    assert not field_selector("metadata.namespace!=ml")(claim)
     with pytest.raises(InvalidArgumentError, match=r"spec\.node"):
         field_selector("spec.node=n")
 

@@ -68,7 +68,7 @@ class Everyone(Authorizer):
     def __init__(self) -> None:
         pass
 
-    def check_user(self, user: dict[str, Any], *, group: str, verb: str) -> Decision:
+    def check_user(self, user: dict[str, Any], **question: str) -> Decision:
         return Decision(HTTPStatus.OK, user=user["username"])
 
 

@@ -15,8 +15,8 @@ from gpuslice_kube.raw import RawApi
 from gpuslice_kubectl import cli
 from gpuslice_kubectl.remote import Chooser
 from gpuslice_kubectl.viewapi import VERSION_PATH, ViewApiSource
-from gpuslice_testkit.view import claim, gpu, resource_slice, result
-from gpuslice_view import cordon, report, resource
+from gpuslice_testkit.view import CLASSES, claim, gpu, pod, resource_slice, result
+from gpuslice_view import cordon, namespaced, report, resource
 from gpuslice_view.model import ClusterView
 from gpuslice_view.source import taint_rule_version
 
@@ -220,3 +220,82 @@ def test_json_is_a_gpu_list_whatever_the_source(
         ["node-a", "gpu-0"],
         ["node-a", "gpu-1"],
     ]
+
+
+def claims_view() -> ClusterView:
+    return ClusterView.build(
+        slices=[resource_slice("node-a", [gpu(0)])],
+        claims=[
+            claim("ml", "a", results=[result("node-a", "gpu-0", cores="30")], pods=("p",)),
+            claim("ml", "pending", cores="30"),
+        ],
+        pods=[pod("ml", "waiting", claim="pending")],
+        classes=CLASSES,
+    )
+
+
+class ClaimRows:
+    """A source that answers claims and why from ``claims_view`` (the controller's or the API's)."""
+
+    name = "api"
+
+    def claim_rows(self, namespace: str | None) -> list[Any]:
+        return report.claim_rows(claims_view(), namespace)
+
+    def why_pod(self, namespace: str, name: str) -> Any:
+        return report.why_row(claims_view(), namespace, name)
+
+
+class ServedClaims:
+    """gpuclaims and gpureasons as the view API serves them (items without apiVersion/kind)."""
+
+    def get(self, path: str) -> Any:
+        if path == VERSION_PATH:
+            return {"resources": [{"name": n} for n in ("gpus", "gpuclaims", "gpureasons")]}
+        answer = report.why_row(claims_view(), "ml", path.rsplit("/", 1)[1])
+        assert answer is not None
+        return {**namespaced.reason_object("ml", "waiting", answer), "served": True}
+
+    def list(self, path: str, label_selector: str | None = None) -> Any:
+        objs = namespaced.claim_objects(claims_view())
+        for obj in objs:
+            obj["metadata"]["resourceVersion"] = "42"
+            del obj["apiVersion"], obj["kind"]
+        return {"items": objs}
+
+
+@pytest.mark.parametrize("where", ["rows", "view-api"])
+def test_claims_and_why_print_gpuclaim_and_gpureason_objects_whatever_the_source(
+    where: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    view_api = ViewApiSource(cast(RawApi, ServedClaims())) if where == "view-api" else None
+
+    def run(argv: list[str]) -> str:
+        args = cli.parser().parse_args(argv)
+        args.output = args.output or "table"
+        chooser = Chooser(args.source, ClaimRows(), ClaimRows, lambda line: None, view_api)  # type: ignore[arg-type]
+        if args.command == "claims":
+            cli._claims(args, chooser, "ml")
+        else:
+            cli._why(args, cast(RawApi, None), chooser, "ml")
+        return capsys.readouterr().out
+
+    listed = json.loads(run(["claims", "-o", "json"]))
+    assert (listed["apiVersion"], listed["kind"]) == ("view.gpuslice.dev/v1alpha1", "GPUClaimList")
+    a, pending = listed["items"]
+    assert (a["apiVersion"], a["kind"], a["metadata"]["name"]) == (
+        "view.gpuslice.dev/v1alpha1",
+        "GPUClaim",
+        "a",
+    )
+    assert a["status"]["devices"][0]["device"] == "node-a/0"
+    assert a["metadata"].get("resourceVersion") == ("42" if view_api else None)
+    assert pending["status"]["state"] == "Pending"
+    table = run(["claims"]).splitlines()
+    assert table[1].split()[:3] == ["a", "Allocated", "node-a/0"]
+    reason = json.loads(run(["why", "pod/waiting", "-o", "json"]))
+    assert (reason["kind"], reason["metadata"]["name"]) == ("GPUReason", "waiting")
+    assert reason["status"]["reasons"][0]["claim"] == "ml/pending"
+    assert reason.get("served") == (True if view_api else None)
+    text = run(["why", "waiting"])
+    assert text.startswith("Pod: ml/waiting\n") and "claim ml/pending" in text

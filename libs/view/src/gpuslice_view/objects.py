@@ -207,6 +207,8 @@ class Claim:
     reserved_for: tuple[str, ...]
     """Names of the pods (in the claim's namespace) the claim is reserved for."""
     deleting: bool = False
+    labels: tuple[tuple[str, str], ...] = ()
+    """The claim's labels, sorted (``kubectl get gpuclaims -l`` selects by them)."""
 
     @property
     def key(self) -> ClaimKey:
@@ -249,6 +251,7 @@ def claim_from(obj: Obj) -> Claim:
             if r.get("resource") == "pods"
         ),
         deleting=bool(meta.get("deletionTimestamp")),
+        labels=tuple(sorted((str(k), str(v)) for k, v in (meta.get("labels") or {}).items())),
     )
 
 

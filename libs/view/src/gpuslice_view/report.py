@@ -13,7 +13,8 @@ from typing import Any
 from gpuslice_api.quantity import human_bytes
 from gpuslice_view.live import ShareLive
 from gpuslice_view.model import ClusterView, Live, Usage
-from gpuslice_view.objects import CORDON_KEY, Claim, Device, Taint
+from gpuslice_view.objects import CORDON_KEY, Claim, Device, Request, Taint
+from gpuslice_view.reasons import why_pod
 
 Row = dict[str, Any]
 
@@ -201,6 +202,7 @@ def claim_row(view: ClusterView, claim: Claim, now: float | None = None) -> Row:
             {
                 "request": s.request,
                 "device": device.ref if device else "/".join(s.device[1:]),
+                "node": device.node if device else "",
                 "uuid": device.uuid if device else "",
                 "cores": (device.cores if device else 0) if s.cores is None else s.cores,
                 "memory": (device.memory if device else 0) if s.memory is None else s.memory,
@@ -211,9 +213,26 @@ def claim_row(view: ClusterView, claim: Claim, now: float | None = None) -> Row:
     return {
         "namespace": claim.namespace,
         "name": claim.name,
+        "labels": dict(claim.labels),
         "state": state,
+        "requests": [_request(r) for r in claim.requests],
         "devices": devices,
         "pods": list(claim.reserved_for),
+    }
+
+
+def _request(request: Request) -> Row:
+    """A claim's request as ``-o json`` shows it (``firstAvailable``: its alternatives)."""
+    if request.alternatives:
+        return {"name": request.name, "firstAvailable": [_request(a) for a in request.alternatives]}
+    return {
+        "name": request.name,
+        "deviceClassName": request.device_class,
+        "allocationMode": "All" if request.all_devices else "ExactCount",
+        "count": request.count,
+        "cores": request.cores,
+        "memory": request.memory,
+        "selectors": list(request.selectors),
     }
 
 
@@ -225,6 +244,21 @@ def claim_rows(view: ClusterView, namespace: str | None) -> list[Row]:
         for c in claims
         if (namespace is None or c.namespace == namespace) and view.ours(c)
     ]
+
+
+def why_row(view: ClusterView, namespace: str, name: str) -> Row | None:
+    """``why pod/<name>``'s answer: the pod, its node, the scheduler's message and its claims'
+    reasons; None for a pod the view does not keep (none with GPU claims by that name)."""
+    pod = view.pods.get((namespace, name))
+    if pod is None:
+        return None
+    reasons = [r.to_dict() for r in why_pod(view, pod)]
+    return {
+        "pod": f"{namespace}/{name}",
+        "node": pod.node,
+        "scheduler": pod.scheduling,
+        "reasons": reasons,
+    }
 
 
 def claim_table(rows: Sequence[Row], *, all_namespaces: bool) -> str:

@@ -7,8 +7,9 @@ returns a predicate over a labels map. The grammar is Kubernetes' (``k8s.io/apim
 ``notin`` also match objects without the key, as upstream. The set-based ``in``/``notin``
 values may be empty (``in ()`` matches nothing).
 
-``field_selector`` knows ``metadata.name`` (``=``, ``==``, ``!=``) only: the one field every
-object has and that ``kubectl get gpu <name> -w`` sends. Anything else is an
+``field_selector`` knows ``metadata.name`` and ``metadata.namespace`` (``=``, ``==``, ``!=``)
+only: the fields every object has (a cluster-scoped one's namespace is empty), and what
+``kubectl get gpu <name> -w`` sends. Anything else is an
 ``InvalidArgumentError`` naming what was given and what is supported, which the API answers with
 400.
 """
@@ -76,18 +77,20 @@ def label_selector(text: str | None) -> Predicate:
 
 
 def field_selector(text: str | None) -> Callable[[Mapping[str, Any]], bool]:
-    """A predicate over objects for ``text``; only ``metadata.name`` is known."""
+    """A predicate over objects for ``text``; ``metadata.name`` and ``metadata.namespace`` are
+    known."""
     tests: list[Callable[[Mapping[str, Any]], bool]] = []
     for part in _split(text or ""):
         m = re.match(r"^\s*([A-Za-z.]+)\s*(==|!=|=)\s*(\S*)\s*$", part)
-        if m is None or m.group(1) != "metadata.name":
+        if m is None or m.group(1) not in ("metadata.name", "metadata.namespace"):
             raise InvalidArgumentError(
-                f"fieldSelector: {part.strip()!r} is not supported; gpus support "
-                "metadata.name=<name> and metadata.name!=<name> only"
+                f"fieldSelector: {part.strip()!r} is not supported; the view's resources "
+                "support metadata.name and metadata.namespace with =, == and != only"
             )
-        tests.append(_name_test(m.group(2) != "!=", m.group(3)))
+        field = m.group(1).removeprefix("metadata.")
+        tests.append(_field_test(field, m.group(2) != "!=", m.group(3)))
     return lambda obj: all(t(obj) for t in tests)
 
 
-def _name_test(equal: bool, name: str) -> Callable[[Mapping[str, Any]], bool]:
-    return lambda obj: (obj["metadata"]["name"] == name) == equal
+def _field_test(field: str, equal: bool, value: str) -> Callable[[Mapping[str, Any]], bool]:
+    return lambda obj: (str(obj["metadata"].get(field) or "") == value) == equal

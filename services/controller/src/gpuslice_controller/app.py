@@ -14,11 +14,12 @@ answers /readyz only once a certificate is loaded, the admission caches have syn
 webhook configurations carry a CA bundle that trusts the served certificate
 (``tls.bundleready``), so no review is answered from an empty cache and none fails with an
 unknown authority; it does not wait for the view, so admission never depends on it (the view's
-own endpoints answer 503 until it has synced). With ``--aggregated-api`` the view's GPUs are
-also served as ``gpus.view.gpuslice.dev`` (``view.aggregated``): a store versions them
-(``view.gpustore``) and the front-proxy CA is read from the API server's ConfigMap before the
-server starts (``view.frontproxy``). Stop (SIGTERM, SIGINT): readiness goes first, then
-the server finishes the reviews in flight, then the caches and the view stop.
+own endpoints answer 503 until it has synced). With ``--aggregated-api`` the view's GPUs,
+claims and reasons are also served as ``view.gpuslice.dev/v1alpha1`` (``view.aggregated``):
+two stores version the GPUs and the claims (``view.gpustore``) and the front-proxy CA is read
+from the API server's ConfigMap before the server starts (``view.frontproxy``). Stop (SIGTERM,
+SIGINT): readiness goes first, then the server finishes the reviews in flight, then the caches
+and the view stop.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ from gpuslice_core.logging import configure, get_logger
 from gpuslice_kube.client import new_api_client
 from gpuslice_kube.discovery import RESOURCE_VERSIONS, served_versions
 from gpuslice_kube.raw import RawApi
+from gpuslice_view import namespaced
 from gpuslice_view.feed import ViewFeeder
 from gpuslice_view.live import LivePoller, NodeLive, discover
 
@@ -120,10 +122,12 @@ class ControllerApp:
             view_api = ViewApi(self.feeder, authorizer)
         cert = ServingCert(s.cert_dir)
         self.gpus: GpuStore | None = None
+        self.gpu_claims: GpuStore | None = None
         self.front_proxy: ConfigWatch | None = None
         aggregated_api = None
         if self.feeder is not None and authorizer is not None and s.aggregated_api:
             self.gpus = GpuStore(self.feeder)
+            self.gpu_claims = GpuStore(self.feeder, derive=namespaced.claim_objects)
             self.front_proxy = ConfigWatch(
                 RawApi(api_client, deadline=10.0),
                 lambda config: cert.set_client_ca(config.client_ca if config else None),
@@ -134,6 +138,7 @@ class ControllerApp:
                 authorizer,
                 lambda: front_proxy.config,
                 self.feeder.synced,
+                claims=self.gpu_claims,
             )
         elif s.aggregated_api:
             raise FailedPreconditionError(
@@ -210,8 +215,9 @@ class ControllerApp:
         """The live poller's round: into the view, and the view API's GPUs marked for it."""
         if self.feeder is not None:
             self.feeder.set_live(nodes)
-        if self.gpus is not None:
-            self.gpus.mark()
+        for store in (self.gpus, self.gpu_claims):
+            if store is not None:
+                store.mark()
 
     def _lead(self, stop_leading: threading.Event) -> None:
         """The leader's work: the claims' node labels and the certificates (unless
@@ -267,11 +273,18 @@ class ControllerApp:
                 threading.Thread(
                     target=self.poller.run, args=(self.stopping,), name="live-usage", daemon=True
                 ).start()
-        if self.gpus is not None and self.front_proxy is not None and self.feeder is not None:
+        if (
+            self.gpus is not None
+            and self.gpu_claims is not None
+            and self.front_proxy is not None
+            and self.feeder is not None
+        ):
             self.feeder.listen(self.gpus.mark)
+            self.feeder.listen(self.gpu_claims.mark)
             self.front_proxy.load()  # before the server serves: no window without the CA
             for target, name in (
                 (self.gpus.run, "gpu-store"),
+                (self.gpu_claims.run, "gpu-claim-store"),
                 (self.front_proxy.run, "front-proxy"),
             ):
                 threading.Thread(

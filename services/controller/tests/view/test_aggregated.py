@@ -46,9 +46,20 @@ class Grants(Authorizer):
     def __init__(self, *verbs: str) -> None:
         self.verbs = set(verbs)
         self.asked: list[tuple[str, str, str]] = []
+        self.where: list[tuple[str, str, str]] = []  # (resource, namespace, name)
 
-    def check_user(self, user: dict[str, Any], *, group: str, verb: str) -> Decision:
+    def check_user(
+        self,
+        user: dict[str, Any],
+        *,
+        group: str,
+        verb: str,
+        resource: str = "gpus",
+        namespace: str = "",
+        name: str = "",
+    ) -> Decision:
         self.asked.append((user["username"], group, verb))
+        self.where.append((resource, namespace, name))
         if verb in self.verbs:
             return Decision(HTTPStatus.OK, user=user["username"])
         return Decision(HTTPStatus.FORBIDDEN, message=f"cannot {verb}")
@@ -86,13 +97,27 @@ def test_discovery_names_the_group_version_and_resource() -> None:
     assert get(a, "/apis")[1]["groups"][0]["name"] == "view.gpuslice.dev"
     group = get(a, "/apis/view.gpuslice.dev")[1]
     assert group["preferredVersion"]["groupVersion"] == "view.gpuslice.dev/v1alpha1"
-    [gpus] = get(a, "/apis/view.gpuslice.dev/v1alpha1")[1]["resources"]
+    gpus, claims, reasons = get(a, "/apis/view.gpuslice.dev/v1alpha1")[1]["resources"]
     assert gpus == {
         "name": "gpus",
         "singularName": "gpu",
         "namespaced": False,
         "kind": "GPU",
         "verbs": ["get", "list", "watch"],
+    }
+    assert claims == {
+        "name": "gpuclaims",
+        "singularName": "gpuclaim",
+        "namespaced": True,
+        "kind": "GPUClaim",
+        "verbs": ["get", "list", "watch"],
+    }
+    assert reasons == {
+        "name": "gpureasons",
+        "singularName": "gpureason",
+        "namespaced": True,
+        "kind": "GPUReason",
+        "verbs": ["get"],
     }
     assert get(a, "/openapi/v2")[0] == 404
 
@@ -316,3 +341,138 @@ def test_a_request_derives_the_rows_again_only_after_a_mark() -> None:
     source.view.apply("ResourceSlice", "DELETED", t.resource_slice("node-b", []))
     store.mark("ResourceSlice", "DELETED", {})
     assert store.current() > first and source.reads == reads + 1
+
+
+# --- gpuclaims and gpureasons (namespaced) ----------------------------------------------------
+
+V1 = "/apis/view.gpuslice.dev/v1alpha1"
+
+
+def claims_cluster() -> ClusterView:
+    view = cluster()
+    labelled = t.claim("ml", "b", results=[t.result("node-b", "gpu-0")], pods=("trainer",))
+    labelled["metadata"]["labels"] = {"team": "vision"}
+    for obj in (labelled, t.claim("web", "w", cores="30"), t.claim("ml", "pending", cores="30")):
+        view.apply("ResourceClaim", "ADDED", obj)
+    view.apply("Pod", "ADDED", t.pod("ml", "waiting", claim="pending"))
+    return view
+
+
+def claims_api(grants: Grants | None = None) -> AggregatedApi:
+    return api(t.FixedFeeder(claims_cluster()), grants)
+
+
+def names(listed: dict[str, Any]) -> list[str]:
+    return [f"{o['metadata']['namespace']}/{o['metadata']['name']}" for o in listed["items"]]
+
+
+def test_gpuclaims_list_in_a_namespace_and_in_all() -> None:
+    a = claims_api()
+    status, listed = get(a, f"{V1}/namespaces/ml/gpuclaims")
+    assert status == 200 and listed["kind"] == "GPUClaimList"
+    assert names(listed) == ["ml/a", "ml/b", "ml/pending"]
+    assert names(get(a, f"{V1}/gpuclaims")[1]) == ["ml/a", "ml/b", "ml/pending", "web/w"]
+    one = get(a, f"{V1}/namespaces/ml/gpuclaims/b")[1]
+    assert one["apiVersion"] == "view.gpuslice.dev/v1alpha1" and one["kind"] == "GPUClaim"
+    assert one["metadata"]["labels"] == {"team": "vision"}
+    assert one["metadata"]["resourceVersion"]
+    [request] = one["spec"]["requests"]
+    assert request["deviceClassName"] == "gpu.gpuslice.dev" and request["cores"] is None
+    [device] = one["status"]["devices"]
+    assert (device["device"], device["node"], device["cores"]) == ("node-b/0", "node-b", 100)
+    assert one["status"]["pods"] == ["trainer"] and one["status"]["state"] == "Allocated"
+    pending = get(a, f"{V1}/namespaces/ml/gpuclaims/pending")[1]
+    assert pending["status"] == {"state": "Pending", "devices": [], "pods": []}
+    status, missing = get(a, f"{V1}/namespaces/web/gpuclaims/a")  # a is in ml, not web
+    assert status == 404 and missing["message"] == 'gpuclaims.view.gpuslice.dev "a" not found'
+    assert missing["details"]["kind"] == "gpuclaims"
+    # a namespaced object has no cluster-scoped path, a cluster-scoped one no namespaced path
+    assert get(a, f"{V1}/gpuclaims/a")[0] == 404
+    assert get(a, f"{V1}/namespaces/ml/gpus")[0] == 404
+    assert get(a, f"{V1}/namespaces//gpuclaims")[0] == 404
+
+
+def test_gpuclaims_tables_selectors_and_the_namespace_in_every_review() -> None:
+    grants = Grants("get", "list", "watch")
+    a = claims_api(grants)
+    _, table = get(a, f"{V1}/namespaces/ml/gpuclaims", TABLE)
+    columns = table["columnDefinitions"]
+    assert [c["name"] for c in columns if c["priority"] == 1] == ["Nodes", "Classes"]
+    assert table["rows"][0]["cells"] == [
+        "a",
+        "Allocated",
+        "node-a/0",
+        "80%",
+        "20Gi",
+        "-",
+        "-",
+        "-",
+        "node-a",
+        "gpu.gpuslice.dev",
+    ]
+    assert table["rows"][0]["object"]["metadata"]["namespace"] == "ml"
+    _, selected = get(a, f"{V1}/gpuclaims?labelSelector=team=vision")
+    assert names(selected) == ["ml/b"]
+    _, selected = get(a, f"{V1}/gpuclaims?fieldSelector=metadata.namespace!=ml")
+    assert names(selected) == ["web/w"]
+    get(a, f"{V1}/namespaces/ml/gpuclaims/b")
+    assert grants.where[-3:] == [
+        ("gpuclaims", "", ""),  # -A: the cluster scope, as the API server asks it
+        ("gpuclaims", "", ""),
+        ("gpuclaims", "ml", "b"),
+    ]
+    assert grants.where[0] == ("gpuclaims", "ml", "")
+
+
+def test_gpuclaims_forbidden_in_one_namespace_is_a_403_naming_it() -> None:
+    class OnlyMl(Grants):
+        def check_user(self, user: dict[str, Any], **kw: Any) -> Decision:
+            super().check_user(user, **kw)
+            if kw.get("namespace") == "ml":
+                return Decision(HTTPStatus.OK, user=user["username"])
+            return Decision(HTTPStatus.FORBIDDEN, message=f"not in {kw.get('namespace')!r}")
+
+    a = claims_api(OnlyMl())
+    assert get(a, f"{V1}/namespaces/ml/gpuclaims")[0] == 200
+    status, error = get(a, f"{V1}/namespaces/web/gpuclaims")
+    assert status == 403 and error["reason"] == "Forbidden" and "'web'" in error["message"]
+    assert get(a, f"{V1}/gpuclaims")[0] == 403
+
+
+def test_gpuclaims_watch_in_a_namespace_sees_its_claims_only() -> None:
+    source = t.FixedFeeder(claims_cluster())
+    a = api(source)
+    _, listed = get(a, f"{V1}/namespaces/web/gpuclaims")
+    version = listed["metadata"]["resourceVersion"]
+    answer = a.get(
+        f"{V1}/namespaces/web/gpuclaims?watch=true&resourceVersion={version}", headers(), CERT
+    )
+    assert isinstance(answer, Stream)
+    source.view.apply("ResourceClaim", "DELETED", t.claim("ml", "a"))  # another namespace
+    allocated = t.claim("web", "w", results=[t.result("node-a", "gpu-1", cores="30")])
+    source.view.apply("ResourceClaim", "MODIFIED", allocated)
+    a.claims.refresh()
+    [event] = events(answer, 1)
+    answer.release()
+    assert event["type"] == "MODIFIED" and event["object"]["metadata"]["name"] == "w"
+    assert event["object"]["status"]["devices"][0]["device"] == "node-a/1"
+
+
+def test_gpureasons_get_only_for_a_pod_with_gpu_claims() -> None:
+    grants = Grants("get")
+    a = claims_api(grants)
+    status, reason = get(a, f"{V1}/namespaces/ml/gpureasons/waiting")
+    assert status == 200 and reason["kind"] == "GPUReason"
+    assert reason["metadata"]["namespace"] == "ml" and reason["metadata"]["name"] == "waiting"
+    [first, *_] = reason["status"]["reasons"]
+    assert first["claim"] == "ml/pending" and first["code"]
+    assert grants.where == [("gpureasons", "ml", "waiting")]
+    _, table = get(a, f"{V1}/namespaces/ml/gpureasons/waiting", TABLE)
+    [row] = table["rows"]
+    assert row["cells"][:3] == ["waiting", "-", first["code"]]
+    assert row["cells"][3].startswith("claim ml/pending: ")
+    status, missing = get(a, f"{V1}/namespaces/ml/gpureasons/nobody")
+    assert status == 404 and missing["message"] == 'gpureasons.view.gpuslice.dev "nobody" not found'
+    status, refused = get(a, f"{V1}/namespaces/ml/gpureasons")
+    assert status == 405 and refused["reason"] == "MethodNotAllowed"
+    assert len(grants.where) == 3  # a 405 asks no review

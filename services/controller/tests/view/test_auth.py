@@ -20,6 +20,7 @@ class FakeReviewer(Reviewer):
         self.allowed = {"alice"}
         self.calls: list[str] = []
         self.down = False
+        self.where: dict[str, str] = {}
 
     def token_review(self, token: str) -> Obj:
         self.calls.append("token")
@@ -30,8 +31,11 @@ class FakeReviewer(Reviewer):
         user = token.removeprefix("good-")
         return {"status": {"authenticated": True, "user": {"username": user, "groups": ["g"]}}}
 
-    def access_review(self, user: Obj, group: str = "gpu.gpuslice.dev", verb: str = "get") -> Obj:
+    def access_review(
+        self, user: Obj, group: str = "gpu.gpuslice.dev", verb: str = "get", **where: str
+    ) -> Obj:
         self.calls.append("access" if (group, verb) == ("gpu.gpuslice.dev", "get") else verb)
+        self.where = where
         if self.down:
             raise KubeTransientError("the API server is down")
         return {"status": {"allowed": user["username"] in self.allowed}}
@@ -167,3 +171,42 @@ def test_a_user_the_api_server_authenticated_is_reviewed_per_verb_and_cached(
     reviewer.down = True
     down = auth.check_user(alice, group="view.gpuslice.dev", verb="list")
     assert down.status == HTTPStatus.SERVICE_UNAVAILABLE
+
+
+def test_a_namespaced_question_names_the_namespace_and_object_in_the_review(
+    auth: Authorizer, reviewer: FakeReviewer
+) -> None:
+    sent: list[Obj] = []
+
+    class Raw:
+        def create(self, path: str, obj: Obj) -> Obj:
+            sent.append(obj)
+            return {}
+
+    Reviewer(Raw()).access_review(  # type: ignore[arg-type]
+        {"username": "u"},
+        "view.gpuslice.dev",
+        "get",
+        resource="gpuclaims",
+        namespace="ml",
+        name="a",
+    )
+    assert sent[0]["spec"]["resourceAttributes"] == {
+        "group": "view.gpuslice.dev",
+        "resource": "gpuclaims",
+        "verb": "get",
+        "namespace": "ml",
+        "name": "a",
+    }
+    bob = {"username": "bob"}
+    where = {"resource": "gpuclaims", "namespace": "ml", "name": "a"}
+    refused = auth.check_user(bob, group="view.gpuslice.dev", verb="get", **where)
+    assert reviewer.where == where
+    assert refused.message == (
+        'gpuclaims.view.gpuslice.dev "a" is forbidden: User "bob" cannot get resource '
+        '"gpuclaims" in API group "view.gpuslice.dev" in the namespace "ml"'
+    )
+    alice = {"username": "alice"}
+    assert auth.check_user(alice, group="view.gpuslice.dev", verb="list", namespace="ml").allowed
+    assert auth.check_user(alice, group="view.gpuslice.dev", verb="list", namespace="x").allowed
+    assert reviewer.calls[-2:] == ["list", "list"]  # another namespace is another question

@@ -5,11 +5,14 @@ Credentials come as kubectl's do: ``--kubeconfig``, else ``KUBECONFIG``, else
 ``~/.kube/config``, else the pod's service account; ``--context`` picks a context and
 ``-n``/``--namespace`` a namespace (default: the context's, else ``default``).
 
-GPUs come from the aggregated API ``gpus.view.gpuslice.dev`` where it is served (``viewapi``:
-the user's own credentials stay with the API server), else the model comes from the
-controller's ``/view/`` where it runs (live usage in the used columns), else from one listing of
-the API (``--source``, ``--controller``: ``remote``). ``top gpus`` takes ``-l`` with the view
-API's labels whatever the source. Cordons are always written through the API.
+GPUs, claims and a pod's reasons come from the aggregated API ``view.gpuslice.dev`` where it is
+served (``viewapi``: ``gpus``, ``gpuclaims``, ``gpureasons``; the user's own credentials stay
+with the API server), else the model comes from the controller's ``/view/`` where it runs (live
+usage in the used columns), else from one listing of the API (``--source``, ``--controller``:
+``remote``). ``top gpus`` takes ``-l`` with the view API's labels whatever the source. ``-o
+json|yaml|jsonpath`` prints the view API's objects whatever the source: a ``GPUList`` or
+``GPU``, a ``GPUClaimList``, a ``GPUReason`` (``why`` of a claim prints its reasons as they
+are: no resource holds them). Cordons are always written through the API.
 
 Exit status: 0 done (also for a cordon that was already there or an uncordon of a GPU that was
 not cordoned), 1 the request failed (no such GPU, pod or claim; API errors; no DeviceTaintRule
@@ -35,7 +38,7 @@ from gpuslice_core.errors import GpusliceError, NotFoundError
 from gpuslice_kube.client import new_api_client
 from gpuslice_kube.raw import RawApi
 from gpuslice_kubectl import jsonpath, remote, viewapi
-from gpuslice_view import __version__, cordon, report, resource, source
+from gpuslice_view import __version__, cordon, namespaced, report, resource, source
 from gpuslice_view.reasons import Reason, why_claim
 from gpuslice_view.selectors import label_selector
 
@@ -108,9 +111,10 @@ def _common(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
         "--source",
         choices=remote.SOURCES,
         default=default(os.environ.get("GPUSLICE_SOURCE") or "auto"),
-        help="Where the model comes from: view-api (the aggregated API gpus.view.gpuslice.dev, "
-        "GPUs only), the controller's /view/, the API server's objects, or auto (the first of "
-        "them that is installed and answers) (env GPUSLICE_SOURCE).",
+        help="Where the model comes from: view-api (the aggregated API view.gpuslice.dev: gpus, "
+        "gpuclaims, gpureasons; what an older controller does not serve comes from the API "
+        "server's objects), the controller's /view/, the API server's objects, or auto (the "
+        "first of them that is installed and answers) (env GPUSLICE_SOURCE).",
     )
     parser.add_argument(
         "--controller",
@@ -231,6 +235,42 @@ def _one_gpu(source_: remote.ViewSource, ref: str) -> tuple[report.Row, resource
     return row, _served(source_, [row])[0]
 
 
+def _all_claims(
+    source_: remote.ViewSource, namespace: str | None
+) -> list[tuple[report.Row, resource.Obj]]:
+    """The claims' rows and their ``GPUClaim`` objects: as the view API served them, else built
+    from the rows the same way the controller builds what it serves."""
+    rows = source_.claim_rows(namespace)
+    if isinstance(source_, viewapi.ViewApiSource):
+        return list(zip(rows, source_.claims_served(rows), strict=True))
+    return [(row, namespaced.claim_object(row)) for row in rows]
+
+
+def _claims(args: argparse.Namespace, chooser: remote.Chooser, namespace: str) -> None:
+    pairs = chooser.read(lambda s: _all_claims(s, None if args.all_namespaces else namespace))
+    rows = [row for row, _ in pairs]
+    listed = {
+        "apiVersion": resource.API_VERSION,
+        "kind": namespaced.CLAIM_LIST_KIND,
+        "metadata": {},
+        "items": [obj for _, obj in pairs],
+    }
+    table = report.claim_table(rows, all_namespaces=args.all_namespaces)
+    _emit(args, listed, table, [_claim_name(r) for r in rows])
+
+
+def _why_pod(
+    source_: remote.ViewSource, namespace: str, name: str
+) -> tuple[report.Row, resource.Obj] | None:
+    """``why pod/<name>``'s answer and its ``GPUReason``, or None (no such pod with claims)."""
+    answer = source_.why_pod(namespace, name)
+    if answer is None:
+        return None
+    if isinstance(source_, viewapi.ViewApiSource):
+        return answer, source_.reason_served(namespace, name)
+    return answer, namespaced.reason_object(namespace, name, answer)
+
+
 def _gpus(args: argparse.Namespace, chooser: remote.Chooser) -> None:
     """``top gpus`` and ``describe gpu``: tables from the rows; ``-o json|yaml|jsonpath`` the
     GPU objects (a ``GPUList`` for top), whatever the source, so scripts see one format."""
@@ -257,8 +297,11 @@ def _why(args: argparse.Namespace, raw: RawApi, chooser: remote.Chooser, namespa
     if kind not in ("", "pod", "pods", "claim", "claims", "resourceclaim"):
         raise NotFoundError(f"why {args.target!r}: give a pod or claim (pod/<name>, claim/<name>)")
     data = None
+    printed: resource.Obj | None = None  # what -o json prints: the GPUReason of a pod
     if kind in ("", "pod", "pods"):
-        data = chooser.read(lambda s: s.why_pod(namespace, name))
+        found = chooser.read(lambda s: _why_pod(s, namespace, name))
+        if found is not None:
+            data, printed = found
     if data is None and kind not in ("pod", "pods"):
         # the controller answers for pods only; a claim's reasons come from the API's listing
         view = source.load(raw)
@@ -271,7 +314,7 @@ def _why(args: argparse.Namespace, raw: RawApi, chooser: remote.Chooser, namespa
         raise NotFoundError(f"no {what} {name!r} in namespace {namespace}")
     lines = [f"{k.capitalize()}: {v}" for k, v in data.items() if k != "reasons" and v]
     lines += [f"  {r['code']}: {Reason(**r)}" for r in data["reasons"]]
-    _emit(args, data, "\n".join(lines))
+    _emit(args, data if printed is None else printed, "\n".join(lines))
 
 
 def _chooser(args: argparse.Namespace, api_client: ApiClient, raw: RawApi) -> remote.Chooser:
@@ -298,9 +341,7 @@ def run(args: argparse.Namespace) -> int:
     if args.command in ("top", "describe"):
         _gpus(args, chooser)
     elif args.command == "claims":
-        rows = chooser.read(lambda s: s.claim_rows(None if args.all_namespaces else namespace))
-        table = report.claim_table(rows, all_namespaces=args.all_namespaces)
-        _emit(args, rows, table, [_claim_name(r) for r in rows])
+        _claims(args, chooser, namespace)
     elif args.command == "why":
         _why(args, raw, chooser, namespace)
     else:

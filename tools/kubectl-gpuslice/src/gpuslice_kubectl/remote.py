@@ -60,8 +60,8 @@ class NotInstalledError(UnavailableError):
 
 
 class NotServedError(NotInstalledError):
-    """The source does not answer this kind of question (the view API serves GPUs only): the
-    next source answers it, without a note."""
+    """The source does not answer this kind of question (an older controller's view API serves
+    GPUs only): the next source answers it, without a note."""
 
 
 class ViewSource(Protocol):
@@ -221,9 +221,9 @@ class ControllerSource:
 
 
 class Chooser:
-    """Runs each read on the chosen source: the view API (``view_api``: GPUs only), the
-    controller, the API listing, or (``auto``) the first of them that is installed and answers,
-    saying why once on ``note`` where one is installed and does not answer."""
+    """Runs each read on the chosen source: the view API (``view_api``), the controller, the
+    API listing, or (``auto``) the first of them that is installed and answers, saying why once
+    on ``note`` where one is installed and does not answer."""
 
     def __init__(
         self,
@@ -252,7 +252,7 @@ class Chooser:
                     self.note(f"not reading from the view API: {exc}")
                 self.view_api = None
         if self.mode == "view-api":
-            return fn(self.api)  # (claims, why: what the view API does not serve)
+            return fn(self.api)  # (what an older controller's view API does not serve)
         if self.mode != "api":
             try:
                 return fn(self._controller())

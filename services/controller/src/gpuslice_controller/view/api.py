@@ -37,7 +37,6 @@ from gpuslice_core.errors import NotFoundError
 from gpuslice_core.logging import get_logger
 from gpuslice_view import report
 from gpuslice_view.model import ClusterView
-from gpuslice_view.reasons import why_pod
 from gpuslice_view.wire import TOKEN_HEADER
 
 log = get_logger(__name__)
@@ -118,12 +117,10 @@ class ViewApi:
             namespace, name = parts[1], parts[2]
 
             def why(view: ClusterView) -> dict[str, Any]:
-                pod = view.pods.get((namespace, name))
-                if pod is None:
+                found = report.why_row(view, namespace, name)
+                if found is None:
                     raise NotFoundError(f"no pod with GPU claims {name!r} in namespace {namespace}")
-                subject = {"pod": f"{namespace}/{name}", "node": pod.node}
-                subject["scheduler"] = pod.scheduling
-                return {**subject, "reasons": [r.to_dict() for r in why_pod(view, pod)]}
+                return found
 
             return _json(HTTPStatus.OK, read(why))
         raise NotFoundError(

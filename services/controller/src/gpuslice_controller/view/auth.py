@@ -63,11 +63,25 @@ class Reviewer:
         body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview"}
         return self.raw.create(TOKEN_REVIEWS, {**body, "spec": {"token": token}})
 
-    def access_review(self, user: Obj, group: str = GROUP, verb: str = VERB) -> Obj:
+    def access_review(
+        self,
+        user: Obj,
+        group: str = GROUP,
+        verb: str = VERB,
+        *,
+        resource: str = RESOURCE,
+        namespace: str = "",
+        name: str = "",
+    ) -> Obj:
+        attributes = {"group": group, "resource": resource, "verb": verb}
+        if namespace:
+            attributes["namespace"] = namespace
+        if name:
+            attributes["name"] = name
         spec: dict[str, Any] = {
             "user": user.get("username", ""),
             "groups": user.get("groups") or [],
-            "resourceAttributes": {"group": group, "resource": RESOURCE, "verb": verb},
+            "resourceAttributes": attributes,
         }
         if user.get("uid"):
             spec["uid"] = user["uid"]
@@ -118,32 +132,48 @@ class Authorizer:
             self._remember(key, decision.user, now)
         return decision
 
-    def check_user(self, user: Obj, *, group: str, verb: str) -> Decision:
+    def check_user(
+        self,
+        user: Obj,
+        *,
+        group: str,
+        verb: str,
+        resource: str = RESOURCE,
+        namespace: str = "",
+        name: str = "",
+    ) -> Decision:
         """The decision for a user the API server authenticated already (the aggregated API:
         ``frontproxy``), as TokenReview's ``status.user`` names one: may it ``verb`` the
-        resource ``gpus`` in ``group``? Cached like tokens, under a digest of the question."""
-        question = json.dumps([user, group, verb], sort_keys=True)
+        ``resource`` in ``group`` (in ``namespace``, the object ``name``, where given: the
+        attributes the API server checked, so a Role in that namespace grants it here too)?
+        Cached like tokens, under a digest of the question."""
+        question = json.dumps([user, group, verb, resource, namespace, name], sort_keys=True)
         key = "user:" + hashlib.sha256(question.encode()).hexdigest()
         now = self.clock()
         with self._lock:
             cached = self._cache.get(key)
             if cached is not None and cached[0] > now:
                 return Decision(HTTPStatus.OK, user=cached[1])
-        name = str(user.get("username", ""))
+        who = str(user.get("username", ""))
         try:
-            access = self.reviewer.access_review(user, group, verb).get("status") or {}
+            access = self.reviewer.access_review(
+                user, group, verb, resource=resource, namespace=namespace, name=name
+            )
         except GpusliceError as exc:
             log.warning("cannot review a view request", error=str(exc))
             return Decision(HTTPStatus.SERVICE_UNAVAILABLE, message="cannot review the user now")
-        if not access.get("allowed"):
+        if not (access.get("status") or {}).get("allowed"):
+            # the API server's wording, which kubectl prints after "Error from server (Forbidden)"
+            what = f'{resource}.{group} "{name}"' if name else f"{resource}.{group}"
+            scope = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
             return Decision(
                 HTTPStatus.FORBIDDEN,
-                user=name,
-                message=f'{RESOURCE}.{group} is forbidden: User "{name}" cannot {verb} '
-                f'resource "{RESOURCE}" in API group "{group}" at the cluster scope',
+                user=who,
+                message=f'{what} is forbidden: User "{who}" cannot {verb} resource '
+                f'"{resource}" in API group "{group}" {scope}',
             )
-        self._remember(key, name, now)
-        return Decision(HTTPStatus.OK, user=name)
+        self._remember(key, who, now)
+        return Decision(HTTPStatus.OK, user=who)
 
     def _review(self, token: str) -> Decision:
         status = self.reviewer.token_review(token).get("status") or {}

@@ -1,7 +1,10 @@
-"""The view's GPUs as versioned objects, with the recent changes a watch replays.
+"""The view's objects (GPUs, or GPU claims) as versioned objects, with the recent changes a
+watch replays.
 
-``GpuStore.refresh()`` derives every ``GPU`` object from the view (``gpuslice_view.resource``)
-and compares it with what it holds: a new object is ``ADDED``, a changed one ``MODIFIED``, a
+``GpuStore.refresh()`` derives every object from the view (``derive``: the ``GPU`` objects of
+``gpuslice_view.resource`` by default, or the ``GPUClaim`` objects of
+``gpuslice_view.namespaced``; one store per resource, each with its own versions) and
+compares it with what it holds: a new object is ``ADDED``, a changed one ``MODIFIED``, a
 gone one ``DELETED``; each change takes the next resourceVersion, and an object's version is
 that of its last change, as in etcd. The last ``history`` changes are kept, each with the
 object before it, so a watch from a version can be replayed, and a watch with a label selector
@@ -39,8 +42,20 @@ from typing import Any
 
 from gpuslice_controller.view.metrics import ViewSource
 from gpuslice_view import report, resource
+from gpuslice_view.model import ClusterView
 
 Obj = dict[str, Any]
+
+
+def gpu_objects(view: ClusterView) -> list[Obj]:
+    """Every ``GPU`` object of the view (the default ``derive``)."""
+    return [resource.gpu_object(row) for row in report.gpu_rows(view)]
+
+
+def key(obj: Obj) -> str:
+    """An object's key in a store: ``<namespace>/<name>``, or its name if cluster-scoped."""
+    meta = obj["metadata"]
+    return f"{meta['namespace']}/{meta['name']}" if meta.get("namespace") else str(meta["name"])
 
 
 @dataclass(frozen=True)
@@ -61,11 +76,13 @@ class GpuStore:
         self,
         source: ViewSource,
         *,
+        derive: Callable[[ClusterView], list[Obj]] = gpu_objects,
         history: int = 1024,
         skew: float = 5.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.source = source
+        self.derive = derive
         self.clock = clock
         self.skew_us = int(skew * 1_000_000)
         self._objects: dict[str, Obj] = {}
@@ -106,11 +123,7 @@ class GpuStore:
     def refresh(self) -> int:
         """Bring the objects up to the view; the current version."""
         seen = self._marks
-        rows = self.source.read(report.gpu_rows)
-        fresh = {}
-        for row in rows:
-            obj = resource.gpu_object(row)
-            fresh[obj["metadata"]["name"]] = obj
+        fresh = {key(obj): obj for obj in self.source.read(self.derive)}
         with self._cond:
             for name, obj in fresh.items():
                 old = self._objects.get(name)
@@ -139,7 +152,7 @@ class GpuStore:
         self._changes.append(Change(self._version, kind, obj, old))
 
     def snapshot(self) -> tuple[int, list[Obj]]:
-        """(the version, every object by name)."""
+        """(the version, every object by key: namespace, then name)."""
         with self._cond:
             return self._version, [self._objects[n] for n in sorted(self._objects)]
 
@@ -166,7 +179,7 @@ class GpuStore:
         first: dict[str, Change] = {}
         last: dict[str, Change] = {}
         for change in changes:
-            name = change.obj["metadata"]["name"]
+            name = key(change.obj)
             first.setdefault(name, change)
             last[name] = change
         merged = [Change(c.version, c.type, c.obj, first[name].before) for name, c in last.items()]
