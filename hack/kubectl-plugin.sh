@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Builds kubectl-gpuslice as one executable file (a Python zip application,
-# hack/kubectl_plugin/build.py) with the plugin, the gpuslice libraries and every third-party
-# distribution they declare vendored from an installed environment, and writes its sha256 next
-# to it. The file runs with a python3 of the same CPython minor version on the same platform as
-# that environment (grpcio and pydantic-core have compiled parts; docs/cluster-view.md,
-# "Installing"). Also packs it for krew with --archive.
+# hack/kubectl_plugin/build.py) with the plugin, the gpuslice libraries and the third-party
+# distributions tools/kubectl-gpuslice/pyproject.toml names vendored from an installed
+# environment, and writes its sha256 next to it. The file runs from the zip with a python3 of the
+# same CPython minor version on the same platform as that environment (pydantic-core, which the
+# kubernetes client needs, is compiled; docs/cluster-view.md, "Installing"). Also packs it for
+# krew with --archive.
 #
 # usage: hack/kubectl-plugin.sh [--python PY] [--out FILE] [--archive OS_ARCH]
 #   --python PY        the interpreter of the environment to vendor from (default: .venv/bin/python

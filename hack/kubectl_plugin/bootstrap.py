@@ -1,10 +1,13 @@
 """The ``__main__`` of the single-file ``kubectl-gpuslice`` (hack/kubectl_plugin/build.py).
 
-The file vendors compiled extension modules (grpcio, pydantic-core), which Python cannot import
-from inside a zip. On the first run the vendored tree is unpacked into
+The plugin and its pure-Python dependencies are imported straight from the zip
+(``<file>/_vendor`` on ``sys.path``). Python cannot import a compiled extension module from a
+zip, so the packages that hold one (``UNPACK``: pydantic-core, the compiled core of the pydantic
+that kubernetes 37's client is built on) are unpacked on the first run into
 ``${XDG_CACHE_HOME:-~/.cache}/kubectl-gpuslice/<build id>/`` (to a temporary folder, then
-renamed, so two first runs at once do not see half a tree), then run from there. The build
-fills in the three constants below.
+renamed, so two first runs at once do not see half a tree) and imported from there. Because of
+them the file is for one platform and CPython minor version; where ``UNPACK`` is empty it is for
+any. The build fills in the four constants below.
 """
 
 import contextlib
@@ -19,12 +22,13 @@ from pathlib import Path
 BUILD_ID = "unset"
 PLATFORM = "unset"
 PYTHON = "unset"
+UNPACK: tuple[str, ...] = ()
 
 
 def _check() -> None:
     here = f"{sys.platform}-{platform.machine()}"
     python = f"{sys.version_info[0]}.{sys.version_info[1]}"
-    if python != PYTHON or here != PLATFORM:
+    if PLATFORM != "any" and (python != PYTHON or here != PLATFORM):
         sys.stderr.write(
             f"kubectl-gpuslice: this file is built for CPython {PYTHON} on {PLATFORM}; this is "
             f"Python {python} on {here} ({sys.executable}). Install the build for this "
@@ -33,8 +37,8 @@ def _check() -> None:
         sys.exit(1)
 
 
-def _unpacked() -> str:
-    archive = Path(__file__).resolve().parent
+def _unpacked(archive: Path) -> str:
+    """The folder that holds the ``UNPACK`` packages, unpacked from ``archive`` if need be."""
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     root = cache / "kubectl-gpuslice"
     where = root / BUILD_ID
@@ -42,10 +46,11 @@ def _unpacked() -> str:
         return str(where)
     root.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{BUILD_ID}-", dir=root))
+    prefixes = tuple(f"_vendor/{name}/" for name in UNPACK)
     try:
         with zipfile.ZipFile(archive) as zf:
             for member in zf.namelist():
-                if member.startswith("_vendor/"):
+                if member.startswith(prefixes):
                     zf.extract(member, scratch)
         with contextlib.suppress(OSError):  # another first run got there first: same tree
             (scratch / "_vendor").rename(where)
@@ -56,7 +61,10 @@ def _unpacked() -> str:
 
 def main() -> None:
     _check()
-    sys.path.insert(0, _unpacked())
+    archive = Path(__file__).resolve().parent
+    sys.path.insert(0, str(archive / "_vendor"))
+    if UNPACK:
+        sys.path.insert(0, _unpacked(archive))
     from gpuslice_kubectl.cli import main as cli
 
     sys.exit(cli(sys.argv[1:]))

@@ -1,15 +1,17 @@
 """Builds ``kubectl-gpuslice`` as one executable file: a zip application (stdlib ``zipapp``) that
-holds the plugin, the gpuslice libraries it imports and every third-party distribution they
-declare, vendored from an installed environment (hack/kubectl-plugin.sh; docs/cluster-view.md,
-"Installing").
+holds the plugin, the gpuslice libraries it imports and the third-party distributions the plugin
+declares (tools/kubectl-gpuslice/pyproject.toml) with what they require, vendored from an
+installed environment (hack/kubectl-plugin.sh; docs/cluster-view.md, "Installing").
 
-Some of those distributions have compiled parts, which Python cannot import from inside a zip:
-``grpcio`` (``gpuslice_core.errors`` carries gRPC status codes) and ``pydantic-core``
-(``gpuslice_core.untrusted``) have no pure-Python form; ``pyyaml`` and ``charset-normalizer``
-ship optional speedups and fall back to pure Python. So the file is built for one platform and
-one CPython minor version (those of the environment it vendors from), and on its first run it
-unpacks itself into ``${XDG_CACHE_HOME:-~/.cache}/kubectl-gpuslice/<build id>/`` and runs from
-there; a run under another Python or platform fails with a message that names both.
+Python runs pure-Python code straight from the zip. The pyproject's
+``[tool.gpuslice.kubectl-plugin]`` table says what else happens: distributions and paths left
+out (kubernetes.aio and aiohttp, which the plugin never imports), compiled speedups dropped where
+the package falls back to pure Python (``pure-fallback``), and the distributions whose compiled
+parts the plugin needs (``compiled``: pydantic-core, which kubernetes 37's client is built on).
+A compiled part in any other distribution fails the build, naming it. Those packages are
+unpacked on the first run into ``${XDG_CACHE_HOME:-~/.cache}/kubectl-gpuslice/<build id>/``
+(a few MiB), so the file is for one platform and one CPython minor version (those of the
+environment it vendors from); a run under another fails with a message that names both.
 
 usage: python build.py --site-packages DIR --out FILE [--platform OS-ARCH] [--python X.Y]
 """
@@ -17,15 +19,21 @@ usage: python build.py --site-packages DIR --out FILE [--platform OS-ARCH] [--py
 from __future__ import annotations
 
 import argparse
+import compileall
 import hashlib
 import platform
+import py_compile
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
+import tomllib
 import zipapp
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN = "gpuslice-kubectl"
@@ -39,10 +47,46 @@ FIRST_PARTY = {
     "gpuslice-protos": REPO / "libs/protos/src",
 }
 MAIN = Path(__file__).with_name("bootstrap.py")
+COMPILED_SUFFIXES = (".so", ".pyd", ".dylib")
 
 
 def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
+
+
+@dataclass(frozen=True)
+class Rules:
+    """``[tool.gpuslice.kubectl-plugin]`` of the plugin's pyproject."""
+
+    leave_out: frozenset[str] = frozenset()
+    leave_out_paths: tuple[str, ...] = ()
+    pure_fallback: frozenset[str] = frozenset()
+    compiled: frozenset[str] = frozenset()
+
+    @classmethod
+    def of_plugin(cls) -> Rules:
+        table = _pyproject(PLUGIN).get("tool", {}).get("gpuslice", {}).get("kubectl-plugin", {})
+        return cls(
+            leave_out=frozenset(canonical(n) for n in table.get("leave-out", [])),
+            leave_out_paths=tuple(table.get("leave-out-paths", [])),
+            pure_fallback=frozenset(canonical(n) for n in table.get("pure-fallback", [])),
+            compiled=frozenset(canonical(n) for n in table.get("compiled", [])),
+        )
+
+
+@dataclass
+class Staged:
+    """What :func:`stage` copied: the compiled files kept, the top-level packages that hold them
+    (unpacked on the first run), and the compiled files dropped for their pure fallback."""
+
+    compiled: list[str] = field(default_factory=list)
+    unpack: set[str] = field(default_factory=set)
+    dropped: list[str] = field(default_factory=list)
+
+
+def _pyproject(name: str) -> dict[str, Any]:
+    with (FIRST_PARTY[name].parent / "pyproject.toml").open("rb") as f:
+        return tomllib.load(f)
 
 
 def _requirements(requires: list[str]) -> list[tuple[str, bool]]:
@@ -60,29 +104,33 @@ def _requirements(requires: list[str]) -> list[tuple[str, bool]]:
     return names
 
 
-def _first_party_requires(name: str) -> list[str]:
-    text = (FIRST_PARTY[name].parent / "pyproject.toml").read_text()
-    block = re.search(r"^dependencies = \[(.*?)\]", text, re.S | re.M)
-    return re.findall(r'"([^"]+)"', block.group(1)) if block else []
-
-
-def closure(site: Path) -> tuple[list[str], list[metadata.Distribution]]:
-    """The workspace members and the third-party distributions (found in ``site``) the plugin
-    needs, by walking declared requirements from ``gpuslice-kubectl``."""
+def closure(site: Path, rules: Rules) -> tuple[list[str], list[metadata.Distribution]]:
+    """The workspace members the plugin imports (through the members' declared workspace
+    dependencies) and the third-party distributions (found in ``site``) that the plugin itself
+    declares, with what they require, less ``rules.leave_out``. The members' own third-party
+    dependencies are the services' and are not followed: the plugin declares what it imports."""
     found = {canonical(d.metadata["Name"]): d for d in metadata.distributions(path=[str(site)])}
     first: list[str] = []
     third: list[metadata.Distribution] = []
-    todo: list[tuple[str, bool]] = [(PLUGIN, False)]
+    todo: list[tuple[str, bool]] = []
+    members = [PLUGIN]
+    while members:
+        name = members.pop()
+        if name in first:
+            continue
+        first.append(name)
+        for dep, conditional in _requirements(_pyproject(name)["project"]["dependencies"]):
+            if dep in FIRST_PARTY:
+                members.append(dep)
+            elif name == PLUGIN:
+                todo.append((dep, conditional))
     seen: set[str] = set()
     while todo:
         name, conditional = todo.pop()
-        if name in seen:
+        if name in seen or name in rules.leave_out:
             continue
         seen.add(name)
-        if name in FIRST_PARTY:
-            first.append(name)
-            todo += _requirements(_first_party_requires(name))
-        elif name in found:
+        if name in found:
             third.append(found[name])
             todo += _requirements(found[name].requires or [])
         elif not conditional:
@@ -90,28 +138,43 @@ def closure(site: Path) -> tuple[list[str], list[metadata.Distribution]]:
     return first, third
 
 
-def stage(site: Path, into: Path) -> list[str]:
-    """Copies the plugin's closure into ``into``; returns the compiled files it holds."""
-    first, third = closure(site)
+def stage(site: Path, into: Path, rules: Rules) -> Staged:
+    """Copies the plugin's closure into ``into``, by the rules."""
+    first, third = closure(site, rules)
     for name in first:
         for package in FIRST_PARTY[name].iterdir():
             if package.is_dir():
                 shutil.copytree(package, into / package.name, ignore=_no_cache)
-    compiled = []
+    staged = Staged()
     for dist in third:
+        name = canonical(dist.metadata["Name"])
         for file in dist.files or []:
             source = Path(str(dist.locate_file(file)))
-            parts = Path(str(file)).parts
+            relative = Path(str(file))
+            parts = relative.parts
             if ".." in parts or parts[0].endswith(".data") or "__pycache__" in parts:
                 continue  # scripts and headers outside site-packages; caches
-            if not source.is_file():
+            if relative.as_posix().startswith(rules.leave_out_paths) or not source.is_file():
                 continue
-            target = into / Path(str(file))
+            if relative.suffix in COMPILED_SUFFIXES:
+                if name in rules.pure_fallback:
+                    staged.dropped.append(f"{relative} ({name})")
+                    continue
+                if name not in rules.compiled:
+                    raise SystemExit(
+                        f"build.py: {name} has a compiled part ({relative}) and the plugin is pure "
+                        f"Python apart from {', '.join(sorted(rules.compiled)) or 'nothing'}: "
+                        "keep it out of the plugin's imports, or list it under pure-fallback or "
+                        "compiled in tools/kubectl-gpuslice/pyproject.toml, saying why"
+                    )
+                staged.compiled.append(f"{relative} ({name})")
+                staged.unpack.add(parts[0])
+            target = into / relative
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target)
-            if target.suffix in (".so", ".pyd", ".dylib"):
-                compiled.append(str(file))
-    return sorted(compiled)
+    staged.compiled.sort()
+    staged.dropped.sort()
+    return staged
 
 
 def _no_cache(_dir: str, names: list[str]) -> list[str]:
@@ -123,6 +186,39 @@ def build_id(tree: Path) -> str:
     for path in sorted(p for p in tree.rglob("*") if p.is_file()):
         digest.update(str(path.relative_to(tree)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
+
+
+def _precompile(tree: Path) -> None:
+    """Writes each module's bytecode next to it (``x.pyc`` beside ``x.py``, where zipimport looks
+    for it), since nothing can write ``__pycache__`` into the zip: without it every run compiles
+    the plugin's whole import graph again (2.5 s of a --version). The bytecode is for the CPython
+    that builds; another version finds a different magic number and compiles from the source,
+    which stays. Unchecked hash-based, so zip timestamps do not matter."""
+    ok = compileall.compile_dir(
+        tree,
+        quiet=1,
+        legacy=True,
+        workers=1,
+        invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,
+    )
+    if not ok:
+        raise SystemExit(f"build.py: a module under {tree} does not compile")
+
+
+def _imports_alone(out: Path) -> None:
+    """The file's own import graph is complete: the plugin imports with nothing but the file on
+    the path (isolated mode, no site-packages)."""
+    with tempfile.TemporaryDirectory() as home:
+        done = subprocess.run(
+            [sys.executable, "-I", "-S", str(out), "--version"],
+            env={"HOME": home, "PATH": "/usr/bin:/bin"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    if done.returncode != 0:
+        raise SystemExit(f"build.py: {out} does not run on its own:\n{done.stderr}")
 
 
 def main() -> int:
@@ -138,23 +234,40 @@ def main() -> int:
         "--python", default=None, help="Their CPython X.Y (default: this interpreter's)."
     )
     args = parser.parse_args()
-    target = args.platform or f"{sys.platform}-{platform.machine()}"
-    python = args.python or f"{sys.version_info[0]}.{sys.version_info[1]}"
+    rules = Rules.of_plugin()
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(tmp) / "app"
         vendor = tree / "_vendor"
         vendor.mkdir(parents=True)
-        compiled = stage(args.site_packages, vendor)
+        staged = stage(args.site_packages, vendor, rules)
         bid = build_id(vendor)
+        _precompile(vendor)
+        if staged.compiled:
+            target = args.platform or f"{sys.platform}-{platform.machine()}"
+            python = args.python or f"{sys.version_info[0]}.{sys.version_info[1]}"
+        else:
+            target, python = "any", "any"
         main_py = MAIN.read_text()
-        for key, value in (("BUILD_ID", bid), ("PLATFORM", target), ("PYTHON", python)):
-            main_py = re.sub(rf'^{key} = ".*"$', f'{key} = "{value}"', main_py, count=1, flags=re.M)
+        for key, value in (
+            ("BUILD_ID", repr(bid)),
+            ("PLATFORM", repr(target)),
+            ("PYTHON", repr(python)),
+            ("UNPACK", repr(tuple(sorted(staged.unpack)))),
+        ):
+            main_py, n = re.subn(rf"^{key}\b.*$", f"{key} = {value}", main_py, count=1, flags=re.M)
+            assert n == 1, key
         (tree / "__main__.py").write_text(main_py)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         zipapp.create_archive(tree, args.out, interpreter="/usr/bin/env python3", compressed=True)
-    print(f"{args.out}: build {bid}, {target}, CPython {python}")
-    for file in compiled:
+    _imports_alone(args.out)
+    size = args.out.stat().st_size
+    print(f"{args.out}: build {bid}, {target}, CPython {python}, {size / 2**20:.1f} MiB")
+    for file in staged.compiled:
         print(f"  compiled: {file}")
+    for file in staged.dropped:
+        print(f"  dropped (pure-Python fallback): {file}")
+    for name in sorted(staged.unpack):
+        print(f"  unpacked on the first run: {name}/")
     return 0
 
 

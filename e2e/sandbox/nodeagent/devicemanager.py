@@ -57,7 +57,7 @@ class AdmissionError(Exception):
 class _RejectedError(GpusliceError):
     """A refused Register call (the kubelet returns a plain error: gRPC Unknown)."""
 
-    grpc_code = grpc.StatusCode.UNKNOWN
+    grpc_status = "UNKNOWN"
 
 
 def is_extended_resource_name(name: str) -> bool:

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import grpc
-
 from gpuslice_core.errors import (
     FailedPreconditionError,
     GpusliceError,
@@ -124,7 +122,7 @@ class NvmlNotSupported(NvmlError, UnsupportedError):
 class NvmlNoPermission(NvmlError, FailedPreconditionError):
     default_code = ERROR_NO_PERMISSION
     nvml_name = "NVML_ERROR_NO_PERMISSION"
-    grpc_code = grpc.StatusCode.PERMISSION_DENIED
+    grpc_status = "PERMISSION_DENIED"
 
 
 class NvmlNotFound(NvmlError, NotFoundError):
