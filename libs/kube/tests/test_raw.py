@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -14,6 +15,7 @@ from gpuslice_kube.errors import (
     KubeAlreadyExistsError,
     KubeInvalidError,
     KubeNotFoundError,
+    KubeUnreachableError,
 )
 from gpuslice_kube.raw import RawApi, resource_path
 from gpuslice_kube.reflector import Reflector, metadata_only
@@ -64,6 +66,38 @@ def test_transient_failures_are_retried(
     apiserver.route = lambda *_: answers.pop(0)
     assert RawApi(api_client).get(SLICES + "/a")["metadata"]["name"] == "a"
     assert len(apiserver.requests) == 3
+
+
+def test_an_unreachable_api_server_is_retried_unless_the_caller_says_it_is_final(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A refused connection is ``KubeUnreachableError`` naming the server: retried like any
+    transient failure for a service, given up at once for a command a person runs."""
+    attempts = 0
+    request = RawApi._request
+
+    def counted(self: RawApi, *args: Any, **kwargs: Any) -> Any:
+        nonlocal attempts
+        attempts += 1
+        return request(self, *args, **kwargs)
+
+    monkeypatch.setattr(RawApi, "_request", counted)
+    with socket.socket() as s:  # bound, never listening: connections are refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        config = client.Configuration()
+        config.host = f"http://127.0.0.1:{port}"
+        config.retries = False  # urllib3's own retries, not ours
+        api = client.ApiClient(config)
+        with pytest.raises(KubeUnreachableError) as final:
+            RawApi(api, deadline=30.0, unreachable_is_final=True).get(SLICES)
+        assert attempts == 1
+        assert final.value.server == f"127.0.0.1:{port}"
+        assert f"cannot connect to the API server at 127.0.0.1:{port}" in str(final.value)
+        attempts = 0
+        with pytest.raises(KubeUnreachableError):
+            RawApi(api, deadline=0.5).get(SLICES)
+        assert attempts > 1
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 from typing import Any, cast
 
@@ -42,6 +43,34 @@ def test_a_missing_kubeconfig_is_an_error_that_names_it(
 ) -> None:
     assert cli.main(["--kubeconfig", str(tmp_path / "nope"), "top", "gpus"]) == 1
     assert f"--kubeconfig {tmp_path / 'nope'}: no such file" in capsys.readouterr().err
+
+
+def test_an_api_server_nobody_listens_at_fails_at_once_as_kubectl_says_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No retries for a person: a refused connection is said at the first attempt, with the
+    server the kubeconfig names (services still retry it: the API server restarts)."""
+    with socket.socket() as s:  # a port nothing listens on: bound, never listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        kubeconfig = tmp_path / "config"
+        server = {"server": f"https://127.0.0.1:{port}", "insecure-skip-tls-verify": True}
+        kubeconfig.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "c", "cluster": server}],
+                    "users": [{"name": "u", "user": {"token": "t"}}],
+                    "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                    "current-context": "x",
+                }
+            )
+        )
+        assert cli.main(["--kubeconfig", str(kubeconfig), "top", "gpus"]) == 1
+    err = capsys.readouterr().err
+    assert f"the connection to the server 127.0.0.1:{port} was refused" in err, err
+    assert "Connection refused" in err and "Retrying" not in err, err
 
 
 def test_the_namespace_comes_from_the_kubeconfig_context(tmp_path: Path) -> None:

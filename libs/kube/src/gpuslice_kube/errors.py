@@ -68,6 +68,18 @@ class KubeTransientError(KubeError, TransientError):
     """429, 5xx, timeouts and connection failures: retry with backoff."""
 
 
+class KubeUnreachableError(KubeTransientError):
+    """No connection to the API server at all: refused, no route, a name that does not resolve.
+
+    Transient for a service (the API server restarts), but not for a command a person runs:
+    kubectl says at once that the connection was refused, so ``RawApi(unreachable_is_final=
+    True)`` gives up on it at the first attempt."""
+
+    def __init__(self, message: str, *, server: str = "") -> None:
+        super().__init__(message)
+        self.server = server
+
+
 def _status_message(body: str | bytes | None) -> tuple[str, str]:
     if not body:
         return "", ""
@@ -123,9 +135,30 @@ def from_exception(exc: BaseException, *, what: str = "") -> KubeError:
         err = from_status(int(exc.status or 0), exc.body, headers=headers, what=what)
         if not err.args[0].strip(": ") and exc.reason:
             err = type(err)(f"{what}: {exc.reason}" if what else str(exc.reason))
+    elif (unreachable := _unreachable(exc)) is not None:
+        server, reason = unreachable
+        text = f"cannot connect to the API server at {server}: {reason}"
+        err = KubeUnreachableError(f"{what}: {text}" if what else text, server=server)
     elif isinstance(exc, urllib3.exceptions.HTTPError | ConnectionError | TimeoutError):
         err = KubeTransientError(f"{what}: {type(exc).__name__}: {exc}" if what else str(exc))
     else:
         raise TypeError(f"not a Kubernetes API failure: {exc!r}") from exc
     err.__cause__ = exc
     return err
+
+
+def _unreachable(exc: BaseException) -> tuple[str, str] | None:
+    """(host:port, why) when ``exc`` is urllib3 failing to open a connection at all."""
+    server = ""
+    if isinstance(exc, urllib3.exceptions.MaxRetryError):
+        pool = exc.pool
+        if pool is not None:
+            server = f"{pool.host}:{pool.port}"
+        exc = exc.reason if exc.reason is not None else exc
+    if not isinstance(exc, urllib3.exceptions.NewConnectionError):
+        return None
+    if not server:
+        conn = getattr(exc, "conn", None)
+        server = f"{getattr(conn, 'host', '?')}:{getattr(conn, 'port', '?')}"
+    reason = str(exc).split("Failed to establish a new connection: ", 1)[-1]
+    return server, reason

@@ -28,7 +28,12 @@ from kubernetes.client import ApiClient
 from gpuslice_core import untrusted
 from gpuslice_core.logging import get_logger
 from gpuslice_kube import retry
-from gpuslice_kube.errors import UndecodableObjectError, from_exception, from_status
+from gpuslice_kube.errors import (
+    KubeUnreachableError,
+    UndecodableObjectError,
+    from_exception,
+    from_status,
+)
 
 log = get_logger(__name__)
 
@@ -134,9 +139,17 @@ class RawApi:
     """GET/LIST/WATCH/CREATE/UPDATE/PATCH/DELETE on resource paths, with retries on transient
     failures and gpuslice errors (with the API server's message) on everything else."""
 
-    def __init__(self, api_client: ApiClient, *, deadline: float = 60.0) -> None:
+    def __init__(
+        self, api_client: ApiClient, *, deadline: float = 60.0, unreachable_is_final: bool = False
+    ) -> None:
+        """Transient failures are retried for ``deadline`` seconds; with
+        ``unreachable_is_final`` (a command a person runs) an API server that cannot be
+        connected to at all fails the first attempt, as kubectl does."""
         self.api_client = api_client
         self.deadline = deadline
+        self._final: tuple[type[BaseException], ...] = (
+            (KubeUnreachableError,) if unreachable_is_final else ()
+        )
 
     def _request(
         self,
@@ -180,7 +193,7 @@ class RawApi:
         return _decode(data, what) if decode else data
 
     def _call(self, *args: Any, **kwargs: Any) -> Any:
-        return retry.call(self._request, *args, deadline=self.deadline, **kwargs)
+        return retry.call(self._request, *args, deadline=self.deadline, final=self._final, **kwargs)
 
     def get(self, path: str) -> Obj:
         result: Obj = self._call("GET", path)

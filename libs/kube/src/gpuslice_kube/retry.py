@@ -51,11 +51,17 @@ def _log_retry(retry_state: tenacity.RetryCallState) -> None:
 
 
 def api_retry(
-    *, deadline: float = 60.0, initial: float = 0.2, maximum: float = 10.0
+    *,
+    deadline: float = 60.0,
+    initial: float = 0.2,
+    maximum: float = 10.0,
+    final: tuple[type[BaseException], ...] = (),
 ) -> tenacity.Retrying:
-    """A ``Retrying`` for transient API failures, giving up after ``deadline`` seconds."""
+    """A ``Retrying`` for transient API failures, giving up after ``deadline`` seconds, or at
+    once on the transient failures the caller counts as ``final``."""
     return tenacity.Retrying(
-        retry=tenacity.retry_if_exception_type(TransientError),
+        retry=tenacity.retry_if_exception_type(TransientError)
+        & tenacity.retry_if_not_exception_type(final),
         wait=_Wait(initial, maximum),
         stop=tenacity.stop_after_delay(deadline),
         before_sleep=_log_retry,
@@ -63,9 +69,16 @@ def api_retry(
     )
 
 
-def call(fn: Callable[..., T], *args: Any, deadline: float = 60.0, **kwargs: Any) -> T:
-    """Call ``fn`` with ``api_retry``: transient errors are retried until ``deadline``."""
-    return api_retry(deadline=deadline)(fn, *args, **kwargs)
+def call(
+    fn: Callable[..., T],
+    *args: Any,
+    deadline: float = 60.0,
+    final: tuple[type[BaseException], ...] = (),
+    **kwargs: Any,
+) -> T:
+    """Call ``fn`` with ``api_retry``: transient errors (but ``final``) are retried until
+    ``deadline``."""
+    return api_retry(deadline=deadline, final=final)(fn, *args, **kwargs)
 
 
 def retry_on_conflict(fn: Callable[[], T], *, attempts: int = 5, deadline: float = 60.0) -> T:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -36,6 +37,7 @@ from kubernetes.client import ApiClient
 from gpuslice_core import logging as gslog
 from gpuslice_core.errors import GpusliceError, NotFoundError
 from gpuslice_kube.client import new_api_client
+from gpuslice_kube.errors import KubeUnreachableError
 from gpuslice_kube.raw import RawApi
 from gpuslice_kubectl import jsonpath, remote, viewapi
 from gpuslice_view import __version__, cordon, namespaced, report, resource, source
@@ -326,7 +328,7 @@ def _chooser(args: argparse.Namespace, api_client: ApiClient, raw: RawApi) -> re
         print(f"kubectl-gpuslice: {line}", file=sys.stderr)
 
     # a short deadline: a registered but unavailable view API answers 503, which is retried
-    view_api = viewapi.ViewApiSource(RawApi(api_client, deadline=3.0))
+    view_api = viewapi.ViewApiSource(RawApi(api_client, deadline=3.0, unreachable_is_final=True))
     return remote.Chooser(args.source, source.ApiSource(raw), controller, note, view_api)
 
 
@@ -335,7 +337,7 @@ def run(args: argparse.Namespace) -> int:
     api_client = new_api_client(
         kubeconfig, user_agent=f"kubectl-gpuslice/{__version__}", context=args.context
     )
-    raw = RawApi(api_client, deadline=20.0)
+    raw = RawApi(api_client, deadline=20.0, unreachable_is_final=True)
     namespace = _namespace(args, kubeconfig)
     chooser = _chooser(args, api_client, raw)
     if args.command in ("top", "describe"):
@@ -362,8 +364,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     # What the libraries log (e.g. an object in the cluster that cannot be decoded is skipped)
     # goes to stderr as text: stdout is the answer, and may be JSON another program reads.
     gslog.configure(component="kubectl-gpuslice", level="warning", json=False, stream=sys.stderr)
+    # urllib3's own quick retries of a refused connection are not news to a person
+    logging.getLogger("urllib3").setLevel(logging.ERROR)
     try:
         return run(args)
+    except KubeUnreachableError as exc:
+        # kubectl's words, at the first attempt: nothing listens where the kubeconfig points
+        print(
+            f"error: the connection to the server {exc.server} was refused or failed - did you "
+            f"specify the right host or port? ({exc})",
+            file=sys.stderr,
+        )
+        return 1
     except GpusliceError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
