@@ -478,7 +478,8 @@ def test_prometheus_scrapes_every_component_and_the_dashboard_and_alerts_find_th
 ) -> None:
     """The last test of the module: Prometheus has scraped the chart through every scenario.
     With a share running and a pod waiting, every dashboard query returns series, every alert's
-    expression evaluates, and the series they read name real nodes, GPUs and pods."""
+    expression evaluates, and the series they read name real nodes, GPUs and pods; the view
+    API's gpuclaims and gpureasons show the same two pods."""
     cluster = chart_cluster[0]
     node = cluster.gpu_nodes[0]
     uuids = _gpu_uuids(cluster)
@@ -526,5 +527,14 @@ def test_prometheus_scrapes_every_component_and_the_dashboard_and_alerts_find_th
             f'gpuslice_enforcer_share_memory_limit_bytes{{claim_uid="{share["metadata"]["uid"]}"}}'
         )
         assert [float(s["value"][1]) for s in limit] == [4 * 1024**3], limit
+        # the same two pods through the view API's namespaced resources (docs/view-api.md): the
+        # share's claim allocated on the node, and why the other pod waits
+        view = f"/apis/{VIEW_GROUP}/{VIEW_VERSION}/namespaces/{ns}"
+        claims = {c["metadata"]["name"]: c for c in cluster.kube.get(f"{view}/gpuclaims")["items"]}
+        allocated = claims[share["metadata"]["name"]]["status"]
+        assert allocated["state"] == "Allocated", allocated
+        assert {d["node"] for d in allocated["devices"]} == {node}, allocated
+        why = cluster.kube.get(f"{view}/gpureasons/waits")
+        assert why["kind"] == "GPUReason" and why["status"]["reasons"], why
         firing = [a for a in prometheus.alerts() if a["state"] == "firing"]
         assert not firing, firing  # a healthy cluster: nothing fires
