@@ -27,7 +27,7 @@ from typing import Any
 from gpuslice_api.quantity import human_bytes
 from gpuslice_view import report
 from gpuslice_view.model import ClusterView
-from gpuslice_view.resource import API_VERSION, GROUP, Obj
+from gpuslice_view.resource import API_VERSION, GROUP, Columns, Obj
 
 CLAIMS = "gpuclaims"
 CLAIM_SINGULAR = "gpuclaim"
@@ -117,8 +117,6 @@ def why_of(obj: Mapping[str, Any]) -> Obj:
 
 # --- the tables kubectl prints (server-side printing) ----------------------------------------
 
-Columns = Sequence[tuple[str, str, int, str]]
-
 CLAIM_COLUMNS: Columns = (
     ("Name", "string", 0, "The claim's name (the ResourceClaim's)."),
     ("State", "string", 0, "Allocated, Pending or Deleting."),
@@ -139,20 +137,6 @@ REASON_COLUMNS: Columns = (
     ("Message", "string", 0, "The first reason, in words."),
     ("Scheduler", "string", 1, "The scheduler's PodScheduled=False message, if any."),
 )
-
-
-def column_definitions(columns: Columns) -> list[Obj]:
-    """meta.k8s.io/v1 TableColumnDefinitions; priority 1 columns only show with ``-o wide``."""
-    return [
-        {
-            "name": name,
-            "type": kind,
-            "format": "name" if name == "Name" else "",
-            "description": text,
-            "priority": priority,
-        }
-        for name, kind, priority, text in columns
-    ]
 
 
 def _joined(values: Sequence[str]) -> str:

@@ -138,7 +138,10 @@ def row_of(obj: Mapping[str, Any]) -> Obj:
 
 # --- the table kubectl prints (server-side printing) -----------------------------------------
 
-COLUMNS: Sequence[tuple[str, str, int, str]] = (
+Columns = Sequence[tuple[str, str, int, str]]
+"""A table's columns: (name, type, priority, description), as TableColumnDefinition has them."""
+
+COLUMNS: Columns = (
     ("Name", "string", 0, "The GPU's name: <node>.<device>."),
     ("Node", "string", 0, "The node the device is on."),
     ("Model", "string", 0, "The GPU model, or MIG and the profile for a MIG device."),
@@ -153,8 +156,9 @@ COLUMNS: Sequence[tuple[str, str, int, str]] = (
 )
 
 
-def column_definitions() -> list[Obj]:
-    """meta.k8s.io/v1 TableColumnDefinitions; priority 1 columns only show with ``-o wide``."""
+def column_definitions(columns: Columns = COLUMNS) -> list[Obj]:
+    """meta.k8s.io/v1 TableColumnDefinitions of a kind's ``columns`` (the GPUs' by default);
+    priority 1 columns only show with ``-o wide``."""
     return [
         {
             "name": name,
@@ -163,7 +167,7 @@ def column_definitions() -> list[Obj]:
             "description": text,
             "priority": priority,
         }
-        for name, kind, priority, text in COLUMNS
+        for name, kind, priority, text in columns
     ]
 
 

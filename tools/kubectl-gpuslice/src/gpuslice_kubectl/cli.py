@@ -248,15 +248,15 @@ def _all_claims(
     return [(row, namespaced.claim_object(row)) for row in rows]
 
 
+def _listed(kind: str, items: list[resource.Obj]) -> resource.Obj:
+    """A list of the view API's objects, as ``-o json|yaml|jsonpath`` print it."""
+    return {"apiVersion": resource.API_VERSION, "kind": kind, "metadata": {}, "items": items}
+
+
 def _claims(args: argparse.Namespace, chooser: remote.Chooser, namespace: str) -> None:
     pairs = chooser.read(lambda s: _all_claims(s, None if args.all_namespaces else namespace))
     rows = [row for row, _ in pairs]
-    listed = {
-        "apiVersion": resource.API_VERSION,
-        "kind": namespaced.CLAIM_LIST_KIND,
-        "metadata": {},
-        "items": [obj for _, obj in pairs],
-    }
+    listed = _listed(namespaced.CLAIM_LIST_KIND, [obj for _, obj in pairs])
     table = report.claim_table(rows, all_namespaces=args.all_namespaces)
     _emit(args, listed, table, [_claim_name(r) for r in rows])
 
@@ -281,12 +281,7 @@ def _gpus(args: argparse.Namespace, chooser: remote.Chooser) -> None:
         pairs = chooser.read(_all_gpus)
         pairs = [(row, obj) for row, obj in pairs if wanted(obj["metadata"].get("labels") or {})]
         rows = [row for row, _ in pairs]
-        listed = {
-            "apiVersion": resource.API_VERSION,
-            "kind": resource.LIST_KIND,
-            "metadata": {},
-            "items": [obj for _, obj in pairs],
-        }
+        listed = _listed(resource.LIST_KIND, [obj for _, obj in pairs])
         table = report.gpu_table(rows, wide=args.output == "wide")
         _emit(args, listed, table, [_gpu_name(r) for r in rows])
     else:

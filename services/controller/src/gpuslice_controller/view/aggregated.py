@@ -58,7 +58,7 @@ from gpuslice_controller.view.gpustore import Change, GpuStore
 from gpuslice_core.errors import InvalidArgumentError
 from gpuslice_core.logging import get_logger
 from gpuslice_view import namespaced, report, resource
-from gpuslice_view.namespaced import Columns
+from gpuslice_view.resource import Columns
 from gpuslice_view.selectors import field_selector, label_selector
 
 log = get_logger(__name__)
@@ -229,7 +229,7 @@ def table(
         "kind": "Table",
         "apiVersion": "meta.k8s.io/v1",
         "metadata": {"resourceVersion": version} if version else {},
-        "columnDefinitions": namespaced.column_definitions(kind.columns) if columns else [],
+        "columnDefinitions": resource.column_definitions(kind.columns) if columns else [],
         "rows": rows,
     }
 
