@@ -108,16 +108,12 @@ class MigManager:
             self.metrics.set_instances(snap.index, snap.info.uuid, snap.instances)
         return snaps
 
-    def _observe(self, index: int) -> None:
-        """Refresh one GPU's instance series after a change made for a claim, so a scrape
-        does not wait for the next list or reconcile to see it. A GPU that cannot be read now
-        is left to that next pass: the change itself succeeded."""
-        try:
-            snap = self.snapshot(index)
-        except GpusliceError as exc:
-            log.warning("instance metrics not refreshed", gpu=index, error=str(exc))
-            return
-        self.metrics.set_instances(index, snap.info.uuid, snap.instances)
+    def _observe(self, snap: GpuSnapshot, instances: Sequence[InstanceView]) -> None:
+        """Refresh one GPU's instance series after a change made for a claim, so a scrape does
+        not wait for the next list or reconcile to see it. ``instances`` is what the GPU holds
+        now, derived from the snapshot the change was made on and the change itself: no second
+        read of the GPU on the prepare path."""
+        self.metrics.set_instances(snap.index, snap.info.uuid, instances)
 
     # -- on-demand instances ----------------------------------------------------------------
     def create_instance(
@@ -176,7 +172,7 @@ class MigManager:
             created = self.create_batch(
                 snap, [NewInstance(profile_name, shape, placement)], owner=owner, layout=""
             )
-            self._observe(index)
+            self._observe(snap, [*snap.instances, *created])
             log.info(
                 "instance created",
                 gpu=index,
@@ -230,7 +226,8 @@ class MigManager:
                     f" {', '.join(str(p) for p in view.pids)}"
                 )
             self.destroy_batch(snap, [view])
-            self._observe(index)
+            gone = view.gpu_instance_id
+            self._observe(snap, [i for i in snap.instances if i.gpu_instance_id != gone])
             log.info("instance destroyed", gpu=index, gpu_instance=gpu_instance_id, owner=owner)
             return Removed(view, True)
 
