@@ -22,9 +22,16 @@ Each spec is read back the way a runtime reads it (``gpuslice_core.cdi.resolve``
    container has and which are listed as added for the process, the spec's bind mounts with
    their options, and as environment exactly the spec's variables plus the few a process needs
    to start (``PATH``, ``HOME``, ``PYTHONPATH``, ``LD_LIBRARY_PATH`` where set), each named in
-   the result. The root file system is the host's: the spec mounts no driver libraries (a
-   container gets them from its image or NVIDIA's CDI spec), so the probe finds the host's. Hooks
-   are checked, not run: they need a container's OCI state.
+   the result. Hooks are checked, not run: they need a container's OCI state.
+2a. **the driver's libraries come from the spec alone.** The spec is written as the chart's
+   plugin writes it (``--driver-root-host`` set), so it mounts the driver's compute and utility
+   libraries. The root file system is the host's, so before the probe starts every other file of
+   the driver in the driver root's library directories (``libcuda*``, ``libnvidia-*``, ...) is
+   masked with ``/dev/null``, as a runtime masks a path: CUDA starts only if the files the spec
+   mounts are all it needs (``masked_driver_files`` names the others). A driver mount whose
+   target the host's root lacks (the copies in ``/usr/lib/<triplet>`` and ``/usr/lib64``, which a
+   runtime creates in the container's root) is not placed and is noted; its source is mounted at
+   its own path too.
 3. the probe's last JSON line says CUDA started (``ok``) and saw exactly one device, the
    claim's GPU (by UUID).
 
@@ -52,7 +59,7 @@ from typing import Any, Literal, NoReturn
 from gpuslice_api.names import DRIVER
 from gpuslice_api.quantity import MIB
 from gpuslice_core.cdi import ClaimSpecs, ContainerEdits, Hook, Mount, resolve
-from gpuslice_core.driverroot import CONTROL_NODES, DriverRoot
+from gpuslice_core.driverroot import CONTROL_NODES, LIBRARY_DIRS, DriverRoot
 from gpuslice_core.errors import GpusliceError
 from gpuslice_draplugin import ClaimRef
 from gpuslice_kubelet_plugin.cdispecs import CdiWriter
@@ -85,6 +92,15 @@ RUN_DIR = "/run"
 #: The level written for a share given as bare edits (it only shows in ``_ENFORCEMENT``).
 BARE_EDITS_LEVEL = "hard"
 STDERR_TAIL = 2000
+#: The driver's user-space files (all of them, not only those the plugin mounts): masked in the
+#: probe's namespace unless the spec mounts them, so CUDA can only use what the spec gives.
+DRIVER_FILES = (
+    "libcuda*.so*",
+    "libnvidia-*.so*",
+    "libnvcuvid*.so*",
+    "libnvoptix*.so*",
+    "lib*_nvidia*.so*",
+)
 
 
 @dataclass
@@ -110,6 +126,10 @@ class CdiResult:
     hooks: list[dict[str, Any]] = field(default_factory=list)
     #: The spec's environment (``KEY=VALUE``), all the probe got besides ``process_env``.
     env: list[str] = field(default_factory=list)
+    #: The driver's files the spec does not mount, masked with /dev/null for the probe.
+    masked_driver_files: list[str] = field(default_factory=list)
+    #: Driver mounts not placed: their targets are not on the host's root (see 2a above).
+    unplaced_mounts: list[str] = field(default_factory=list)
     #: Variables added to start the process, not from the spec (name → value).
     process_env: dict[str, str] = field(default_factory=dict)
     #: Entries put into the probe's /dev for the process, not from the spec.
@@ -176,7 +196,9 @@ def check_cdi(
     probe gets besides the spec's variables (default :func:`default_process_env`).
     """
     inventory = discover(nvml)
-    writer = CdiWriter(ClaimSpecs(workdir / "cdi"), driver=DriverRoot(dev_root))
+    # host=: the spec carries the driver's libraries, as the chart's plugin writes it
+    driver = DriverRoot(dev_root, host=dev_root)
+    writer = CdiWriter(ClaimSpecs(workdir / "cdi"), driver=driver)
     minors = {g.uuid: g.minor for g in inventory.gpus}  # as DeviceState._minors
     env = dict(default_process_env() if process_env is None else process_env)
     results: list[CdiResult] = []
@@ -201,6 +223,18 @@ def check_cdi(
                 continue
             results.append(_check(claim, writer, minors, probe_cmd, env, timeout_s))
     return results
+
+
+def driver_files(root: Path) -> list[Path]:
+    """Every regular file of the driver's user space in the root's library directories (links
+    left out: masking a link would mask the file it names)."""
+    found: dict[Path, None] = {}
+    for directory in LIBRARY_DIRS:
+        for pattern in DRIVER_FILES:
+            for path in sorted((root / directory).glob(pattern)):
+                if path.is_file() and not path.is_symlink():
+                    found[path] = None
+    return list(found)
 
 
 def _skipped(gpu: GpuInfo, kind: Kind, reason: str) -> CdiResult:
@@ -294,6 +328,10 @@ def _check(
     edits = resolve(writer.specs.root, [cdi_id], strict=True)
     nodes = {n.path for n in edits.device_nodes}
     expected = [f"/dev/nvidia{gpu.minor}", *(f"/dev/{name}" for name in CONTROL_NODES)]
+    mounted = {os.path.realpath(m.host_path) for m in edits.mounts}
+    masked = [
+        str(p) for p in driver_files(writer.driver.path) if os.path.realpath(p) not in mounted
+    ]
     res = CdiResult(
         gpu=gpu.index,
         uuid=record.devices[0].uuid,
@@ -312,6 +350,7 @@ def _check(
         mounts=[m.model_dump(mode="json", by_alias=True) for m in edits.mounts],
         hooks=[_hook_json(h) for h in edits.hooks],
         env=list(edits.env),
+        masked_driver_files=masked,
         process_env=dict(process_env),
         added_for_process=[*EXTRA_NODES, *EXTRA_DIRS],
     )
@@ -328,7 +367,7 @@ def _check(
         elif refused := _isolation_refused():
             res.status, res.reason = "skipped", f"skipped: {refused}"
         else:
-            _probe(res, edits, probe_cmd, timeout_s)
+            _probe(res, edits, _driver_mounts(writer.driver), probe_cmd, timeout_s)
     finally:
         res.seconds = round(time.monotonic() - start, 3)
     return res
@@ -346,8 +385,16 @@ def _isolation_refused() -> str | None:
     return None
 
 
+def _driver_mounts(driver: DriverRoot) -> set[tuple[str, str]]:
+    return {(m.host_path, m.container_path) for m in driver.user_space()}
+
+
 def _probe(
-    res: CdiResult, edits: ContainerEdits, probe_cmd: Sequence[str], timeout_s: float
+    res: CdiResult,
+    edits: ContainerEdits,
+    driver_mounts: set[tuple[str, str]],
+    probe_cmd: Sequence[str],
+    timeout_s: float,
 ) -> None:
     """Run the probe isolated and judge what it printed; fills in ``res``."""
     spec_env = dict(e.split("=", 1) for e in edits.env)
@@ -359,9 +406,15 @@ def _probe(
         "extras": [{"source": p, "target": p} for p in EXTRA_NODES],
         "tmpfs_dirs": list(EXTRA_DIRS),
         "mounts": [
-            {"source": m.host_path, "target": m.container_path, "options": m.options}
+            {
+                "source": m.host_path,
+                "target": m.container_path,
+                "options": m.options,
+                "driver": (m.host_path, m.container_path) in driver_mounts,
+            }
             for m in edits.mounts
         ],
+        "mask": list(res.masked_driver_files),
         "argv": list(probe_cmd),
         "env": {**res.process_env, **spec_env},
     }
@@ -389,11 +442,20 @@ def _probe(
             res.reason = f"isolation failed at {stage}: {error}"
         return
     res.dev = list(setup.get("dev", []))
+    res.unplaced_mounts = list(setup.get("unplaced", []))
+    if res.unplaced_mounts:
+        res.notes.append(
+            f"{len(res.unplaced_mounts)} driver mount(s) not placed: their targets are not on "
+            "this host's root (a runtime creates them in the container's); each source is also "
+            "mounted at its own path"
+        )
     res.probe = _last_json(run.stdout)
     if run.timed_out:
         res.reason = f"the probe did not finish within {timeout_s:g} s (killed)"
         return
     res.status, res.reason = _judge(res.probe, run.returncode, res.uuid)
+    if res.status == "pass" and res.masked_driver_files:
+        res.reason += f", the driver's other {len(res.masked_driver_files)} file(s) masked"
 
 
 def _judge(probe: dict[str, Any] | None, returncode: int, expected: str) -> tuple[Status, str]:
@@ -497,14 +559,16 @@ def _isolate_and_exec(plan: dict[str, Any]) -> NoReturn:
         rc = libc.mount(c(source), c(target), c(fstype), ctypes.c_ulong(flags), c(data))
         check(rc, f"mount {source} on {target}")
 
+    def ours(target: str) -> bool:
+        real = os.path.realpath(target)
+        return any(real == d or real.startswith(d + "/") for d in ["/dev", *plan["tmpfs_dirs"]])
+
     def place(source_fd: int, target: str, flags: int = 0) -> None:
         """Bind the source onto ``target``: created when under /dev or a tmpfs of this
         namespace, else it must exist (the root file system is the host's, and is not
         changed)."""
         path = Path(target)
-        real = os.path.realpath(target)
-        ours = ["/dev", *plan["tmpfs_dirs"]]
-        if not path.exists() and any(real == d or real.startswith(d + "/") for d in ours):
+        if not path.exists() and ours(target):
             path.parent.mkdir(parents=True, exist_ok=True)
             if stat.S_ISDIR(os.fstat(source_fd).st_mode):
                 path.mkdir()
@@ -526,6 +590,10 @@ def _isolate_and_exec(plan: dict[str, Any]) -> NoReturn:
         stage = "open sources"  # before /dev is covered; in this namespace, so bindable
         entries = [*plan["nodes"], *plan["extras"], *plan["mounts"]]
         fds = {e["source"]: os.open(e["source"], os.O_PATH) for e in entries}
+        null = os.open("/dev/null", os.O_PATH)
+        stage = "mask the driver's other files"  # before the spec's mounts go on top
+        for masked in plan["mask"]:
+            mount(f"/proc/self/fd/{null}", masked, None, ms_bind, "")
         stage = "tmpfs on /dev"
         dev_flags = ms_nosuid | ms_nodev | ms_noexec
         mount("tmpfs", "/dev", "tmpfs", dev_flags, "mode=755,size=1m")
@@ -536,21 +604,25 @@ def _isolate_and_exec(plan: dict[str, Any]) -> NoReturn:
             Path(d).mkdir(parents=True, exist_ok=True)
             mount("tmpfs", d, "tmpfs", ms_nosuid | ms_nodev, "mode=1777")
         stage = "mounts"
+        unplaced = []
         for m in plan["mounts"]:
+            if m["driver"] and not Path(m["target"]).exists() and not ours(m["target"]):
+                unplaced.append(m["target"])
+                continue
             place(fds[m["source"]], m["target"], ms_rec if "rbind" in m["options"] else 0)
             extra = sum(v for k, v in per_mount.items() if k in m["options"])
             if extra:
                 mount(None, m["target"], None, ms_remount | ms_bind | extra, "")
         stage = "read-only /dev"
         mount(None, "/dev", None, ms_remount | ms_bind | ms_rdonly | dev_flags, "")
-        for fd in fds.values():
+        for fd in [*fds.values(), null]:
             os.close(fd)
         dev = sorted(
             str(Path(root, name).relative_to("/dev"))
             for root, dirs, files in os.walk("/dev")
             for name in [*dirs, *files]
         )
-        say({"ok": True, "dev": dev})
+        say({"ok": True, "dev": dev, "unplaced": unplaced})
         stage = "exec"
         os.set_inheritable(report.fileno(), False)
         os.execvpe(plan["argv"][0], plan["argv"], plan["env"])

@@ -46,8 +46,15 @@ def write_error(path):
         return exc.strerror
     return None
 
+def read(path):
+    try:
+        return open(path).read()
+    except OSError as exc:
+        return exc.strerror
+
 mps = env.get("CUDA_MPS_PIPE_DIRECTORY")
 out = {
+    "files": {path: read(path) for path in sys.argv[2:]},
     "ok": True,
     "devices": [{"ordinal": i, "uuid": u} for i, u in enumerate(uuids)],
     "dev": sorted(os.listdir("/dev")),
@@ -95,8 +102,9 @@ print(json.dumps({
 """
 
 
-def probe(mode: str = "ok") -> list[str]:
-    return [sys.executable, "-c", STANDIN, mode]
+def probe(mode: str = "ok", *read: Path) -> list[str]:
+    """The stand-in probe; it also reports what each file in ``read`` holds, as it sees it."""
+    return [sys.executable, "-c", STANDIN, mode, *map(str, read)]
 
 
 def _can_isolate() -> str | None:
@@ -165,7 +173,8 @@ def test_the_spec_is_the_one_the_plugins_writer_gives(tmp_path: Path, dev_root: 
         (1, "whole"),
         (1, "shared"),
     ]
-    ours = CdiWriter(ClaimSpecs(tmp_path / "ours"), driver=DriverRoot(dev_root))
+    driver = DriverRoot(dev_root, host=dev_root)
+    ours = CdiWriter(ClaimSpecs(tmp_path / "ours"), driver=driver)
     for gpu, whole in zip(gpus, by_kind(results, "whole"), strict=True):
         spec = load_spec(whole.spec_path)
         [device] = spec.devices
@@ -228,6 +237,36 @@ def test_the_probe_sees_only_the_specs_nodes_and_env(tmp_path: Path, dev_root: P
         assert set(result.process_env) <= {"PATH", "HOME", "PYTHONPATH", "LD_LIBRARY_PATH"}
         assert not set(result.process_env) & set(spec_env(result))
     assert not (dev_root / "dev" / "made-by-probe").exists()
+
+
+@isolation
+def test_the_driver_comes_from_the_spec_and_its_other_files_are_masked(
+    tmp_path: Path, dev_root: Path
+) -> None:
+    lib = dev_root / "usr" / "lib64"
+    lib.mkdir(parents=True)
+    (lib / "libcuda.so.580.1").write_text("libcuda")
+    (lib / "libcuda.so.1").symlink_to("libcuda.so.580.1")
+    (lib / "libnvidia-ml.so.580.1").write_text("nvml")
+    (lib / "libnvidia-glcore.so.580.1").write_text("glcore")  # a driver file the spec leaves out
+    (lib / "libz.so.1").write_text("zlib")  # not the driver's
+    read = [lib / name for name in ("libcuda.so.1", "libnvidia-ml.so.580.1")]
+    read += [lib / "libnvidia-glcore.so.580.1", lib / "libz.so.1"]
+    [whole, _] = run(tmp_path, dev_root, gpus=ONE_GPU, probe_cmd=probe("ok", *read))
+    assert whole.status == "pass", whole.reason
+    assert whole.reason.endswith("the driver's other 1 file(s) masked")
+    sources = {m["hostPath"] for m in whole.mounts}
+    assert sources == {str(lib / "libcuda.so.580.1"), str(lib / "libnvidia-ml.so.580.1")}
+    assert whole.masked_driver_files == [str(lib / "libnvidia-glcore.so.580.1")]
+    assert whole.probe is not None
+    assert whole.probe["files"] == dict(
+        zip(map(str, read), ["libcuda", "nvml", "", "zlib"], strict=True)
+    )
+    # the copies at the container's own paths: the host's root lacks them, so not placed, said
+    targets = [m["containerPath"] for m in whole.mounts if not Path(m["containerPath"]).exists()]
+    assert targets and whole.unplaced_mounts == targets
+    assert any("driver mount(s) not placed" in note for note in whole.notes)
+    assert (lib / "libnvidia-glcore.so.580.1").read_text() == "glcore"  # only in the probe's view
 
 
 @isolation
