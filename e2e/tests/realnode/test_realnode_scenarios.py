@@ -13,6 +13,15 @@ e2e/scenarios/nodes.py. The node DaemonSet runs from our images with the chart's
 hostPath mounts, node-setup installs the enforcer's static CDI hook (which runc then runs for
 every shared container), the plugin registers with the real kubelet, and `helm test` passes.
 Then the scenarios of e2e/scenarios/user.py, the same code kind runs (hack/e2e-kind.sh).
+
+The cluster is one that keeps NVIDIA's GPU Operator for the driver (docs/migration.md, "Keeping
+the GPU Operator for driver and toolkit"), and the install performs that migration: the nodes
+carry the Operator's labels and their driver under its driver container's root
+(/run/nvidia/driver, as files: the mock libnvidia-ml); the Operator's device plugin and MIG
+manager DaemonSets exist, so the first install is refused by the chart's guard naming both;
+they are then removed as the guide's `--set devicePlugin.enabled=false --set
+migManager.enabled=false` makes the Operator remove them, and the chart installs with
+examples/values-gpu-operator.yaml. Every scenario then runs on that layout.
 """
 
 from __future__ import annotations
@@ -32,12 +41,13 @@ from e2e.sandbox.binaries import REPO_ROOT, KubeBinaries
 from e2e.sandbox.controlplane import ControlPlane, StartError
 from e2e.sandbox.realnode import Image, RealNodes
 from e2e.sandbox.realnode import StartError as NodeStartError
-from e2e.scenarios.chart import Installed, install
+from e2e.scenarios.chart import HelmError, Installed, install
 from e2e.scenarios.cluster import Cluster, attribute, merged, request
 from e2e.scenarios.nodes import FAKE_NODE, SHARE_GPU, chart_values
 from e2e.scenarios.user import SCENARIOS
 from e2e.support.prometheus import MONITORING_CRDS, dashboard
 from gpuslice_kube.client import new_api_client
+from gpuslice_kube.errors import KubeNotFoundError
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 from gpuslice_testkit.core import wait_for
 from gpuslice_testkit.enforcer import go_hook
@@ -70,7 +80,21 @@ SA_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 # fake node of e2e/scenarios/nodes.py, its device nodes and capabilities (write_driver_root).
 # The node pods run the real NVML backend on it, loading the library from the driver root
 # they mount, as on a GPU node without the NVIDIA Container Toolkit.
-DRIVER_ROOT = "/var/lib/gpuslice-driver"  # the same path on every node, each with its own files
+# The GPU Operator's driver container root, as examples/values-gpu-operator.yaml names it; the
+# same path on every node, each with its own files.
+OPERATOR_VALUES: dict[str, Any] = yaml.safe_load(
+    (REPO_ROOT / "examples" / "values-gpu-operator.yaml").read_text()
+)
+DRIVER_ROOT: str = OPERATOR_VALUES["nvml"]["driverRoot"]  # /run/nvidia/driver
+OPERATOR_NS = "gpu-operator"
+# What the Operator runs that gpuslice replaces (its DaemonSet → container names), on the nodes it
+# labels nvidia.com/gpu.deploy.<component>=true (none here: its pods never start)
+OPERATOR_DAEMONSETS = {
+    "nvidia-device-plugin-daemonset": ("nvidia-device-plugin-ctr", "device-plugin"),
+    "nvidia-mig-manager": ("nvidia-mig-manager", "mig-manager"),
+}
+# The labels the Operator (its NFD and GPU feature discovery) puts on a GPU node
+OPERATOR_NODE_LABELS = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": "NVIDIA-H100"}
 MOCK_STATE_DIR = Path("/var/run/gpuslice/nvml-mock")  # under hostPaths.runDir: every NVML
 # container mounts it read-write at the same path
 DRIVER_VALUES: dict[str, Any] = {
@@ -158,10 +182,12 @@ def _cluster_from_registry(
     registry = published.registry
     try:
         mode = {"gpuslice.dev/mode": "device-plugin"}
+        labels = {name: dict(OPERATOR_NODE_LABELS) for name in NODES}
+        labels |= {name: OPERATOR_NODE_LABELS | mode for name in DEVICE_PLUGIN_NODES}
         nodes_cm = RealNodes.started(
             cp,
             NODES + DEVICE_PLUGIN_NODES,
-            labels={name: mode for name in DEVICE_PLUGIN_NODES},
+            labels=labels,
             import_names=("pause",),  # the sandbox image a node is configured with
             registries={registry: f"http://{registry}"},
         )
@@ -169,7 +195,9 @@ def _cluster_from_registry(
     except (NodeStartError, nodehost.HostError) as exc:
         pytest.fail(f"real nodes did not start: {exc}", pytrace=False)
     try:
-        _prepare_monitoring(RawApi(new_api_client(cp.kubeconfig, user_agent="gpuslice-e2e")))
+        kube = RawApi(new_api_client(cp.kubeconfig, user_agent="gpuslice-e2e"))
+        _prepare_monitoring(kube)
+        _operator_footprint(kube)
         config = run_dir / "fake-node.yaml"
         config.write_text(yaml.safe_dump(FAKE_NODE))
         for node in nodes:
@@ -179,6 +207,7 @@ def _cluster_from_registry(
             merged(chart_values(registry=published.image_registry), DRIVER_VALUES),
             MONITORING_VALUES,
         )
+        values = merged(values, OPERATOR_VALUES)  # -f examples/values-gpu-operator.yaml
         values["nvml"].pop("fakeConfig")
         chart_args = ("--version", VERSION, "--plain-http")
 
@@ -192,6 +221,17 @@ def _cluster_from_registry(
                 chart_args=chart_args,
             )
 
+        # the Operator's device plugin and MIG manager still run: the guard refuses, naming both
+        try:
+            helm_install()
+        except HelmError as exc:
+            refused = str(exc)
+        else:
+            raise AssertionError("installed next to the GPU Operator's device plugin")
+        for name in OPERATOR_DAEMONSETS:
+            assert f"DaemonSet {OPERATOR_NS}/{name}" in refused, refused
+        assert "--set devicePlugin.enabled=false" in refused, refused
+        _operator_components_off(kube)
         installed = helm_install()  # cold: every node pulls every image it runs
 
         def upgrade(changes: dict[str, Any]) -> None:
@@ -216,6 +256,54 @@ def _cluster_from_registry(
         raise
     finally:
         nodes_cm.__exit__(None, None, None)
+
+
+def _operator_footprint(kube: RawApi) -> None:
+    """What a cluster with the GPU Operator runs that gpuslice replaces: its device plugin's and
+    MIG manager's DaemonSets, as the Operator names them, on the nodes it labels for each."""
+    kube.create(
+        resource_path("v1", "namespaces"),
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OPERATOR_NS}},
+    )
+    for name, (container, component) in OPERATOR_DAEMONSETS.items():
+        match = {"app": name}
+        kube.create(
+            resource_path("apps/v1", "daemonsets", namespace=OPERATOR_NS),
+            {
+                "apiVersion": "apps/v1",
+                "kind": "DaemonSet",
+                "metadata": {"name": name, "labels": match},
+                "spec": {
+                    "selector": {"matchLabels": match},
+                    "template": {
+                        "metadata": {"labels": match},
+                        "spec": {
+                            "nodeSelector": {f"nvidia.com/gpu.deploy.{component}": "true"},
+                            "containers": [
+                                {"name": container, "image": f"nvcr.io/nvidia/{component}:e2e"}
+                            ],
+                        },
+                    },
+                },
+            },
+        )
+
+
+def _operator_components_off(kube: RawApi) -> None:
+    """What `helm upgrade gpu-operator … --set devicePlugin.enabled=false --set
+    migManager.enabled=false` does to the cluster: the two DaemonSets are gone."""
+    for name in OPERATOR_DAEMONSETS:
+        path = resource_path("apps/v1", "daemonsets", namespace=OPERATOR_NS, name=name)
+        kube.delete(path)
+
+        def gone(path: str = path) -> bool:
+            try:
+                kube.get(path)
+            except KubeNotFoundError:
+                return True
+            return False
+
+        wait_for(gone, 30, f"{path} to be deleted")
 
 
 def _prepare_monitoring(kube: RawApi) -> None:
