@@ -382,7 +382,13 @@ def test_gpuclaims_list_in_a_namespace_and_in_all() -> None:
     assert (device["device"], device["node"], device["cores"]) == ("node-b/0", "node-b", 100)
     assert one["status"]["pods"] == ["trainer"] and one["status"]["state"] == "Allocated"
     pending = get(a, f"{V1}/namespaces/ml/gpuclaims/pending")[1]
+    reasons = pending["status"].pop("reasons")
     assert pending["status"] == {"state": "Pending", "devices": [], "pods": []}
+    # 30 cores fit a GPU of the view: what is left to decide is the scheduler's
+    assert [(r["code"], r["claim"]) for r in reasons] == [("Fits", "ml/pending")]
+    assert [r["code"] for r in one["status"]["reasons"]] == ["Allocated"]
+    # a list and a watch leave the reasons out (judged per get, not per change)
+    assert not any("reasons" in o["status"] for o in listed["items"])
     status, missing = get(a, f"{V1}/namespaces/web/gpuclaims/a")  # a is in ml, not web
     assert status == 404 and missing["message"] == 'gpuclaims.view.gpuslice.dev "a" not found'
     assert missing["details"]["kind"] == "gpuclaims"

@@ -58,6 +58,8 @@ from gpuslice_controller.view.gpustore import Change, GpuStore
 from gpuslice_core.errors import InvalidArgumentError
 from gpuslice_core.logging import get_logger
 from gpuslice_view import namespaced, report, resource
+from gpuslice_view.model import ClusterView
+from gpuslice_view.reasons import why_claim
 from gpuslice_view.resource import Columns
 from gpuslice_view.selectors import field_selector, label_selector
 
@@ -379,7 +381,26 @@ class AggregatedApi:
         if wants_table(accept):
             include = query.get("includeObject", "Metadata")
             return _answer(HTTPStatus.OK, table(found, str(version), include, kind=where.kind))
+        if where.kind is CLAIMS:
+            return _answer(HTTPStatus.OK, self._with_reasons(found[0]))
         return _answer(HTTPStatus.OK, found[0])
+
+    def _with_reasons(self, obj: Obj) -> Obj:
+        """A ``GPUClaim`` as a get returns it: with ``status.reasons``, why it has no devices
+        (or where it has them), judged now against the whole view. Lists and watches leave them
+        out: judging every pending claim on every change would cost a pass over the cluster's
+        devices per claim."""
+        meta = obj["metadata"]
+        key = (meta["namespace"], meta["name"])
+
+        def judged(view: ClusterView) -> list[Obj] | None:
+            claim = view.claims.get(key)
+            return None if claim is None else [r.to_dict() for r in why_claim(view, claim)]
+
+        reasons = self.store.source.read(judged)
+        if reasons is None:  # gone since the snapshot
+            return obj
+        return {**obj, "status": {**obj["status"], "reasons": reasons}}
 
     def _reason(self, where: Target, query: dict[str, str], accept: str) -> Answer:
         """A pod's ``GPUReason``, derived now (no store: nothing lists or watches them)."""
