@@ -55,7 +55,7 @@ from gpuslice_protos.gpuslice.v1 import enforcer_pb2_grpc, migmanager_pb2_grpc
 from gpuslice_testkit.core import http_probe
 from gpuslice_testkit.enforcer import stop_mps_daemons
 from gpuslice_testkit.kubelet_plugin.harness import write_node
-from gpuslice_testkit.nvml_mock import NvmlBackend, nvml_env, nvml_flags
+from gpuslice_testkit.nvml_mock import NvmlBackend, enforcer_flags, nvml_env, nvml_flags
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -174,6 +174,7 @@ class NodeServices:
             f"--state-dir={self.root / 'enforcer'}",
             f"--mps-root={self.root / 'mps'}",
             f"--hook-path={self.hook_path}",
+            *enforcer_flags(self.backend, self.nvml_config),
             *self.enforcer_args,
         ]
         return self._start("enforcer", argv, self.enforcer_socket, timeout)

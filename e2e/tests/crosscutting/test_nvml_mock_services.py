@@ -6,6 +6,9 @@ the same node and state file (``backend="mock"`` of the sandbox's starters). Wha
 must be the same:
 
 * the enforcer: equal ``GetCapabilities``; the one on the mock serves a share (no control plane);
+  an MPS share on each, with the fake's stand-in control daemon, is the same share: the same
+  container edits, namespace limits, compute mode, client listed (by the mock's MPS process
+  list on the real backend) and daemon stopped at release;
 * the kubelet plugin: the same ResourceSlice devices; a pod's claim on the mock node is
   prepared (CDI spec written) and the container gets the GPU;
 * the MIG manager: the same ``ListGpus``; static layouts applied through the one on the mock,
@@ -16,6 +19,8 @@ must be the same:
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -43,10 +48,19 @@ from e2e.support.device_plugin import MODE, start_plugin
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 from gpuslice_nvml.fake import FakeNvml
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
+from gpuslice_protos.gpuslice.v1 import enforcer_pb2_grpc as pb_grpc
 from gpuslice_protos.gpuslice.v1 import migmanager_pb2 as mig
 from gpuslice_testkit.device_plugin import write_node
-from gpuslice_testkit.enforcer import EnforcerProcess, remove_tree, share_request, short_tempdir
-from gpuslice_testkit.nvml_mock import mock_library_dir
+from gpuslice_testkit.enforcer import (
+    Cgroups,
+    EnforcerProcess,
+    Workload,
+    remove_tree,
+    run_hook,
+    share_request,
+    short_tempdir,
+)
+from gpuslice_testkit.nvml_mock import NvmlBackend, mock_library_dir
 
 pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
 
@@ -94,6 +108,123 @@ def test_the_enforcer_on_real_nvml_over_the_mock_answers_as_on_the_fake(node: Pa
         on_real.stop()
         on_fake.stop()
     assert "--nvml=real" in on_real.argv
+
+
+MPS_NODE = """
+name: mps-mock-node
+driverVersion: "615.20.01"
+statePath: state.json
+gpus:
+  - model: H100-SXM5-80GB
+"""
+GIB = 1 << 30
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the MPS client runs in cgroups")
+def test_an_mps_share_on_the_mock_is_the_share_on_the_fake() -> None:
+    """The enforcer with MPS (protocol 3, driver 615) and the stand-in control daemon, on two
+    nodes of one config (same GPUs), one per backend: what a user sees is the same."""
+    on_fake = an_mps_share("fake")
+    on_mock = an_mps_share("mock")
+    assert on_mock == on_fake, "\n".join(differences(on_mock, on_fake))
+    [gpu] = on_mock["capabilities"]
+    assert gpu["mpsProtocol3"]["available"], gpu["mpsProtocol3"]["reason"]
+    assert gpu["level"] == "ENFORCEMENT_LEVEL_HARD"
+    created = on_mock["created"]
+    assert created["level"] == "ENFORCEMENT_LEVEL_HARD"
+    assert [lim["mechanism"] for lim in created["limits"]] == ["MECHANISM_MPS_PROTOCOL3"] * 2
+    env = dict(e.split("=", 1) for e in created["containerEdits"]["env"])
+    [mount] = created["containerEdits"]["mounts"]
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == mount["containerPath"]
+    assert mount["hostPath"] == "<mps>/0/gpuslice/<share>"
+    assert on_mock["namespace"] == {
+        "active_thread_percentage": 30,
+        "pinned_memory_limit": "8192M",
+        "client_priority": None,
+    }
+    assert on_mock["compute mode"] == ["EXCLUSIVE_PROCESS", "DEFAULT"]
+    assert on_mock["MPS clients"] == ["the client"]
+    # the client's memory, and no bypass: the enforcer on the mock found the client in the
+    # MPS process list (nvmlDeviceGetMPSComputeRunningProcesses) and spared it
+    assert on_mock["memory used"] == GIB
+    assert on_mock["violations, kills"] == [0, 0] and on_mock["client alive"]
+    assert on_mock["daemon"] == ["started", "stopped"]
+
+
+def spared(stub: pb_grpc.EnforcerStub, since: list[float]) -> pb.DeviceUsage | None:
+    """The share's device usage half a second of watchdog samples (0.1 s apart) after the
+    first that saw memory in use (kept in ``since``), time enough to kill a bypass (two
+    periods); None before."""
+    share = stub.GetUsage(pb.GetUsageRequest()).shares[0]
+    device, at = share.devices[0], share.sampled_at.ToDatetime().timestamp()
+    if device.memory_used_bytes and not since:
+        since.append(at)
+    return device if since and at - since[0] >= 0.5 else None
+
+
+def an_mps_share(backend: NvmlBackend) -> dict[str, Any]:
+    """An MPS share of 30 % and 8 GiB of GPU 0 on a fresh node, its client (a fake CUDA
+    process in the claim's container reaching the share's namespace) and its release, through
+    the enforcer on ``backend``: what a user sees, with this run's paths and ids replaced."""
+    directory = short_tempdir()
+    config = directory / "node.yaml"
+    config.write_text(MPS_NODE)
+    fake = FakeNvml.from_config_file(config)
+    proc = EnforcerProcess(config, directory, ["--memory-partitioning=off"], backend=backend)
+    pipe = proc.mps_root / "0"
+    seen: dict[str, Any] = {"compute mode": [], "daemon": []}
+    client: Workload | None = None
+    try:
+        with Cgroups() as cgroups:
+            proc.start()
+            with proc.channel() as channel:
+                stub = proc.stub(channel)
+                caps = stub.GetCapabilities(pb.GetCapabilitiesRequest()).gpus
+                seen["capabilities"] = [MessageToDict(g) for g in caps]
+                reply = stub.CreateShare(
+                    share_request("uid-mps", fake.gpu(0).uuid, cores=30, memory=8 * GIB)
+                )
+                seen["created"] = MessageToDict(reply)
+                seen["daemon"].append("started" if (pipe / "control").is_socket() else "none")
+                daemon = json.loads((pipe / ".gpuslice-fake-mps.json").read_text())
+                seen["namespace"] = daemon["servers"]["gpuslice"]["namespaces"][reply.share_id]
+                seen["compute mode"].append(fake.compute_mode(0).value)
+
+                namespace = Path(reply.container_edits.mounts[0].host_path)
+                client = Workload(
+                    config, memory=GIB, cgroup_dirs=cgroups.container(), mps_pipe_dir=namespace
+                )
+                hook = next(
+                    h for h in reply.container_edits.hooks if h.hook_name == "createContainer"
+                )
+                run_hook(hook, "ctr-client", client.pid)
+                since: list[float] = []  # when the watchdog first saw the client's memory
+                pids = {client.pid: "the client"}
+                seen["MPS clients"] = [pids.get(p.pid, p.pid) for p in fake.mps_processes(0)]
+                # a process of an MPS share that the GPU does not list as an MPS client bypasses
+                # the server: the watchdog would kill it; the client must be seen and spared
+                usage = wait_for(
+                    lambda: spared(stub, since), 10, "half a second of samples with the client"
+                )
+                seen["memory used"] = usage.memory_used_bytes
+                seen["violations, kills"] = [usage.violations, usage.kills]
+                seen["client alive"] = client.alive()
+                client.stop()
+                assert stub.ReleaseShare(pb.ReleaseShareRequest(claim_uid="uid-mps")).released
+            wait_for(lambda: not (pipe / "control").exists(), 15, "the MPS daemon stopped")
+            seen["daemon"].append("stopped")
+            seen["compute mode"].append(fake.compute_mode(0).value)
+    finally:
+        if client is not None:
+            client.stop()
+        proc.stop()
+        proc.stop_mps_daemons()
+        remove_tree(directory)
+    text = json.dumps(seen)
+    for path, name in ((proc.mps_root, "<mps>"), (directory, "<dir>"), (reply.share_id, "<share>")):
+        text = text.replace(str(path), name)
+    normal: dict[str, Any] = json.loads(text)
+    return normal
 
 
 # -- the sandbox's node services, each on the fake and on the mock ----------------------------

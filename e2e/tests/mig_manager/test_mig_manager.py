@@ -1,6 +1,9 @@
 """The MIG manager against the real control plane: the node label selects a layout from the
 shipped ConfigMap, the state label goes pending -> success (or failed), and Events on the Node
-say why. The manager runs unchanged as a process, on a fake 8x A100-SXM4-40GB node."""
+say why. The manager runs unchanged as a process, on a fake 8x A100-SXM4-40GB node: on the fake
+backend, and for a layout applied (MIG mode turned on: the GPUs reset by the stand-in
+``nvidia-smi``) and an unknown layout also with ``--nvml=real`` on the mock libnvidia-ml
+answering for that node (docs/nvml-mock.md)."""
 
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from e2e.sandbox.nodeagent.testing import events_for, wait_event, wait_for
 from gpuslice_core.grpcserver import check_health
 from gpuslice_kube.raw import RawApi, resource_path
 from gpuslice_nvml.fake import FakeNvml, FakeNvmlControl
+from gpuslice_testkit.nvml_mock import NvmlBackend, mock_library_dir, nvml_env, nvml_flags
 
 pytest_plugins = ("e2e.sandbox.nodeagent.fixtures",)
 pytestmark = pytest.mark.timeout(60)
@@ -49,6 +53,10 @@ _SCRUB = (
 )
 
 
+#: The tests that run on both backends take the fixture through this (the others: the fake).
+BOTH_BACKENDS = pytest.mark.parametrize("mig_manager", ["fake", "mock"], indirect=True)
+
+
 @dataclass
 class Running:
     node: str
@@ -59,8 +67,18 @@ class Running:
 
 @pytest.fixture
 def mig_manager(
-    sandbox: ControlPlane, kube: RawApi, namespace: str, node_agent: NodeAgent, tmp_path: Path
+    request: pytest.FixtureRequest,
+    sandbox: ControlPlane,
+    kube: RawApi,
+    namespace: str,
+    node_agent: NodeAgent,
+    tmp_path: Path,
 ) -> Iterator[Running]:
+    """The manager on the node agent's node, on the fake backend or (``request.param`` "mock")
+    with ``--nvml=real`` on the mock answering for the same fake node."""
+    backend: NvmlBackend = getattr(request, "param", "fake")
+    if backend == "mock":
+        mock_library_dir()  # built before the manager's start is timed (a cold cache: seconds)
     manifest = yaml.safe_load(MANIFEST.read_text())
     kube.create(resource_path("v1", "configmaps", namespace=namespace), manifest)
     config = tmp_path / "node.yaml"
@@ -72,8 +90,7 @@ def mig_manager(
             sys.executable,
             "-m",
             "gpuslice_mig_manager",
-            "--nvml=fake",
-            f"--fake-nvml-config={config}",
+            *nvml_flags(backend, config),
             f"--node-name={node_agent.name}",
             f"--kubeconfig={sandbox.kubeconfig}",
             f"--config-map={namespace}/{manifest['metadata']['name']}",
@@ -86,6 +103,7 @@ def mig_manager(
             "--reconcile-interval=0",
         ]
         env = {k: v for k, v in os.environ.items() if k not in _SCRUB}
+        env.update(nvml_env(backend, config))
         with log.open("wb") as out:
             proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
         try:
@@ -146,11 +164,15 @@ def instance_count(fake: FakeNvml) -> int:
     return sum(len(fake.mig_devices(i)) for i in range(fake.device_count()))
 
 
+@BOTH_BACKENDS
 def test_label_selects_a_layout_pending_then_success(kube: RawApi, mig_manager: Running) -> None:
     started = time.monotonic()
     states = label_and_follow(kube, mig_manager.node, "all-1g.5gb", {"success", "failed"})
 
     assert states == ["pending", "success"], mig_manager.log.read_text()[-3000:]
+    # MIG mode on in effect (the GPUs reset), as the other front end of the node reads it
+    modes = [mig_manager.fake.mig_mode(i) for i in range(mig_manager.fake.device_count())]
+    assert all(m.current and m.pending for m in modes), modes
     assert instance_count(mig_manager.fake) == 56
     applied = wait_event(kube, "default", mig_manager.node, "MigConfigApplied")
     assert applied["type"] == "Normal"
@@ -164,6 +186,7 @@ def test_label_selects_a_layout_pending_then_success(kube: RawApi, mig_manager: 
     assert time.monotonic() - started < 30
 
 
+@BOTH_BACKENDS
 def test_an_unknown_layout_fails_with_an_event(kube: RawApi, mig_manager: Running) -> None:
     states = label_and_follow(kube, mig_manager.node, "all-9g.99gb", {"success", "failed"})
 

@@ -31,7 +31,7 @@ from gpuslice_core.grpcserver import check_health
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2 as pb
 from gpuslice_protos.gpuslice.v1 import enforcer_pb2_grpc as pb_grpc
 from gpuslice_testkit.core import ServiceProcess
-from gpuslice_testkit.nvml_mock import NvmlBackend, nvml_env, nvml_flags
+from gpuslice_testkit.nvml_mock import NvmlBackend, enforcer_flags, nvml_env, nvml_flags
 
 FREEZER_ROOT = Path("/sys/fs/cgroup/freezer")
 BIN = Path(sys.executable).parent
@@ -250,7 +250,8 @@ class Workload:
 
 class EnforcerProcess(ServiceProcess):
     """``gpuslice-enforcer`` as a real process on a unix socket, on the fake NVML of ``config``
-    (or, with ``backend="mock"``, on the real backend over the mock library, same node)."""
+    (or, with ``backend="mock"``, on the real backend over the mock library, same node, with
+    the fake's stand-in MPS control daemon: ``enforcer_flags``)."""
 
     def __init__(
         self,
@@ -299,6 +300,7 @@ class EnforcerProcess(ServiceProcess):
             "--metrics-addr=",
             "--health-addr=",
             "--log-level=debug",
+            *enforcer_flags(self.backend, self.config),
             *self.extra_args,
         ]
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shlex
 import shutil
 import stat
 import subprocess
@@ -27,7 +28,9 @@ from typing import Literal
 import yaml
 
 from gpuslice_nvml import mock
+from gpuslice_nvml.fake import mps_control
 from gpuslice_nvml.fake.node import load_node
+from gpuslice_nvml.types import FAKE_NVML_CONFIG_ENV
 from gpuslice_testkit import nvidia_smi
 
 NvmlBackend = Literal["fake", "mock"]
@@ -83,6 +86,27 @@ def nvml_flags(backend: NvmlBackend, config: Path) -> list[str]:
 def nvml_env(backend: NvmlBackend, config: Path) -> dict[str, str]:
     """What a service started with ``nvml_flags(backend, config)`` adds to its environment."""
     return mock_nvml_env(config) if backend == "mock" else {}
+
+
+def mock_mps_control(config: Path) -> str:
+    """The enforcer's ``--mps-control`` on the mock's node: the fake's stand-in control daemon
+    (``gpuslice_nvml.fake.mps_control``, the default with ``--nvml=fake``), told the fake node.
+    The real daemon learns the driver version and the GPUs from the driver; the stand-in reads
+    them from the node's config (protocol 3 needs driver 615+, ``allowed_devices`` must name
+    its GPUs). The enforcer starts daemons and control commands with an environment of its own
+    (``PATH`` and the ``CUDA_MPS_*`` variables), so the variable goes in the command line,
+    through ``env``, which execs the stand-in (the daemon keeps ``env``'s pid, which the
+    enforcer records)."""
+    env = shutil.which("env") or "/usr/bin/env"
+    node = f"{FAKE_NVML_CONFIG_ENV}={Path(config).resolve()}"
+    return shlex.join([env, node, *mps_control.COMMAND])
+
+
+def enforcer_flags(backend: NvmlBackend, config: Path) -> list[str]:
+    """The enforcer's own flags for ``backend``: on the mock, the stand-in MPS control daemon
+    (``mock_mps_control``), since a test node has no ``nvidia-cuda-mps-control``; nothing on
+    the fake, whose stand-in is the enforcer's default there."""
+    return [f"--mps-control={mock_mps_control(config)}"] if backend == "mock" else []
 
 
 # ---- the mock as a driver library: a driver root of files -------------------------------------
