@@ -83,10 +83,13 @@ def test_the_namespace_comes_from_the_kubeconfig_context(tmp_path: Path) -> None
         "- {name: a, context: {cluster: c, user: u, namespace: team-a}}\n"
         "- {name: b, context: {cluster: c, user: u}}\n"
     )
-    args = cli.parser().parse_args(["claims"])
-    assert cli._namespace(args, str(config)) == "team-a"
-    args = cli.parser().parse_args(["claims", "--context", "b"])
-    assert cli._namespace(args, str(config)) == "default"
+    for flags, namespace in [
+        ([], "team-a"),
+        (["--context", "b"], "default"),
+        (["--context", "b", "-n", "mine"], "mine"),
+    ]:
+        args = cli.parser().parse_args(["claims", "--kubeconfig", str(config), *flags])
+        assert cli._namespace(args, cli._config(args)) == namespace
 
 
 class Discovery:

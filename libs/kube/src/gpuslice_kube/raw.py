@@ -23,7 +23,6 @@ from typing import Any
 from urllib.parse import quote
 
 import urllib3
-from kubernetes.client import ApiClient
 
 from gpuslice_core import untrusted
 from gpuslice_core.logging import get_logger
@@ -34,6 +33,7 @@ from gpuslice_kube.errors import (
     from_exception,
     from_status,
 )
+from gpuslice_kube.transport import ApiClientLike
 
 log = get_logger(__name__)
 
@@ -137,10 +137,17 @@ def resource_path(
 
 class RawApi:
     """GET/LIST/WATCH/CREATE/UPDATE/PATCH/DELETE on resource paths, with retries on transient
-    failures and gpuslice errors (with the API server's message) on everything else."""
+    failures and gpuslice errors (with the API server's message) on everything else.
+
+    ``api_client`` is the kubernetes client's ``ApiClient`` or anything with its two calls
+    (``gpuslice_kube.transport``)."""
 
     def __init__(
-        self, api_client: ApiClient, *, deadline: float = 60.0, unreachable_is_final: bool = False
+        self,
+        api_client: ApiClientLike,
+        *,
+        deadline: float = 60.0,
+        unreachable_is_final: bool = False,
     ) -> None:
         """Transient failures are retried for ``deadline`` seconds; with
         ``unreachable_is_final`` (a command a person runs) an API server that cannot be
