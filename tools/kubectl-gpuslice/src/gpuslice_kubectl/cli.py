@@ -204,14 +204,21 @@ def _emit(args: argparse.Namespace, data: Any, text: str, names: Sequence[str] =
         print(text)
 
 
+def _object_name(singular: str, name: str) -> str:
+    """``-o name`` as kubectl prints it for the view API's objects that ``-o json`` prints:
+    ``<singular>.<group>/<name>``, without the namespace."""
+    return f"{singular}.{resource.GROUP}/{name}"
+
+
 def _gpu_name(row: report.Row) -> str:
     """A row's name as ``kubectl get gpus -o name`` prints it."""
-    name = resource.object_name(row["node"], row["device"])
-    return f"{resource.SINGULAR}.{resource.GROUP}/{name}"
+    return _object_name(resource.SINGULAR, resource.object_name(row["node"], row["device"]))
 
 
 def _claim_name(row: report.Row) -> str:
-    return f"resourceclaim.resource.k8s.io/{row['name']}"
+    """A claim row's name as ``kubectl get gpuclaims -o name`` prints it (its GPUClaim is
+    named as the ResourceClaim)."""
+    return _object_name(namespaced.CLAIM_SINGULAR, str(row["name"]))
 
 
 def _served(source_: remote.ViewSource, rows: list[report.Row]) -> list[resource.Obj]:
@@ -306,7 +313,10 @@ def _why(args: argparse.Namespace, raw: RawApi, chooser: remote.Chooser, namespa
         raise NotFoundError(f"no {what} {name!r} in namespace {namespace}")
     lines = [f"{k.capitalize()}: {v}" for k, v in data.items() if k != "reasons" and v]
     lines += [f"  {r['code']}: {Reason(**r)}" for r in data["reasons"]]
-    _emit(args, data if printed is None else printed, "\n".join(lines))
+    # -o name: a pod's GPUReason, as kubectl get gpureason prints it; a claim's reasons are no
+    # resource, so nothing (as -o json prints them as they are)
+    names = [] if printed is None else [_object_name(namespaced.REASON_SINGULAR, name)]
+    _emit(args, data if printed is None else printed, "\n".join(lines), names)
 
 
 def _chooser(args: argparse.Namespace, api_client: ApiClientLike, raw: RawApi) -> remote.Chooser:
