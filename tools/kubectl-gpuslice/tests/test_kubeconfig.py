@@ -276,8 +276,8 @@ def test_a_failing_exec_plugin_names_the_user_the_command_and_its_stderr(
         ),
         (
             {"auth-provider": {"name": "gcp", "config": {}}},
-            "users[name=u].user.auth-provider: 'gcp' is not supported (kubectl removed auth "
-            "providers); use an exec credential plugin",
+            "users[name=u].user.auth-provider: 'gcp' is not supported; use an exec credential "
+            "plugin (users[].user.exec) instead",
         ),
         ({"token": 5}, "users[name=u].user.token: is a int, not a string"),
         ({"client-key-data": "not base64!"}, "users[name=u].user.client-key-data: is not base64"),

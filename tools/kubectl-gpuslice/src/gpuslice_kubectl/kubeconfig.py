@@ -12,8 +12,8 @@ client's loader (built on pydantic). This module reads what ``kubectl`` reads:
   ``tls-server-name``;
 - the user: ``token``, ``tokenFile``, ``client-certificate``/``client-key`` or their ``-data``,
   ``username``/``password``, and ``exec`` credential plugins (``ExecPlugin``).
-  ``auth-provider`` (gcp, azure, oidc: removed from kubectl) is refused with a message that says
-  to use an exec plugin.
+  ``auth-provider`` (gcp and azure, which kubectl removed; oidc) is refused with a message that
+  says to use an exec plugin.
 
 Relative paths resolve against the directory of the file that holds them. Bad input is a
 ``FailedPreconditionError`` that names the file and the field, e.g.
@@ -199,8 +199,9 @@ def _user(name: str, body: Mapping[str, Any], path: Path) -> User:
         kind = provider.get("name", "?") if isinstance(provider, dict) else "?"
         raise _bad(
             f"{where}.auth-provider",
-            f"{kind!r} is not supported (kubectl removed auth providers); use an exec "
-            "credential plugin (users[].user.exec), e.g. gke-gcloud-auth-plugin or kubelogin",
+            f"{kind!r} is not supported; use an exec credential plugin (users[].user.exec) "
+            "instead, e.g. gke-gcloud-auth-plugin, kubelogin (kubectl itself removed the gcp "
+            "and azure providers)",
         )
     exec_body = body.get("exec")
     if exec_body is not None and not isinstance(exec_body, dict):
