@@ -163,6 +163,14 @@ def test_an_unknown_ca_fails_and_insecure_skips_the_check(server: Server, tmp_pa
     assert got["authorization"] == "Bearer t"
 
 
+def test_a_ca_file_that_is_not_there_is_named(tmp_path: Path) -> None:
+    cluster = {"server": "https://127.0.0.1:1", "certificate-authority": "nope/ca.crt"}
+    config = kubeconfig.load(str(write(tmp_path / "config", {"token": "t"}, cluster)))
+    with pytest.raises(FailedPreconditionError, match="certificate authority cannot be loaded"):
+        seen(config)
+    assert config.cluster.ca_file == tmp_path / "nope" / "ca.crt"
+
+
 def test_tls_server_name_is_the_name_checked(server: Server, tmp_path: Path) -> None:
     """A certificate for apiserver.internal only, reached by address with tls-server-name."""
     named = server.ca.issue("named", "apiserver", dns_names=("apiserver.internal",), server=True)

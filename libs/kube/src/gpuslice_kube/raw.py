@@ -25,6 +25,7 @@ from urllib.parse import quote
 import urllib3
 
 from gpuslice_core import untrusted
+from gpuslice_core.errors import GpusliceError
 from gpuslice_core.logging import get_logger
 from gpuslice_kube import retry
 from gpuslice_kube.errors import (
@@ -189,6 +190,8 @@ class RawApi:
                 body=serialized,
                 _request_timeout=timeout,
             )
+        except GpusliceError:  # the client's own verdict (a kubeconfig it cannot use)
+            raise
         except Exception as exc:  # client/transport failures: classify, keep the cause
             raise from_exception(exc, what=what) from exc
         if not 200 <= response.status <= 299:

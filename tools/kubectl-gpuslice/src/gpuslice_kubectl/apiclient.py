@@ -130,18 +130,21 @@ class KubeClient:
 
     def _new_pool(self, pair: tuple[bytes, bytes] | None) -> urllib3.PoolManager:
         cluster = self.config.cluster
-        context = ssl.create_default_context(cafile=None)
         kwargs: dict[str, Any] = {}
         if cluster.insecure:
+            context = ssl.create_default_context()
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
             kwargs["cert_reqs"] = "CERT_NONE"
             warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
-        else:
+        elif cluster.ca_data is None and cluster.ca_file is None:
+            context = ssl.create_default_context()  # the system's roots, as kubectl's
+        else:  # the cluster's CA alone, as kubectl trusts it: not the system's roots too
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
             try:
                 if cluster.ca_data is not None:
                     context.load_verify_locations(cadata=cluster.ca_data.decode())
-                elif cluster.ca_file is not None:
+                else:
                     context.load_verify_locations(cafile=str(cluster.ca_file))
             except (OSError, ssl.SSLError, UnicodeDecodeError) as exc:
                 raise FailedPreconditionError(

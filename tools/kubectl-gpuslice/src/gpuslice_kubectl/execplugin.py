@@ -180,6 +180,8 @@ class ExecRunner:
         stderr = (done.stderr or b"").decode(errors="replace").strip()
         if done.returncode != 0:
             said = f": {stderr[-2000:]}" if stderr else " (nothing on stderr)"
+            if interactive:
+                said = " (its messages went to the terminal)"
             raise _bad(
                 plugin.where,
                 f"the exec plugin {shown!r} failed with exit status {done.returncode}{said}",
