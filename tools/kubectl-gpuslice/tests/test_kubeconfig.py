@@ -11,6 +11,8 @@ import base64
 import datetime as dt
 import ipaddress
 import json
+import select
+import socket
 import ssl
 import subprocess
 import sys
@@ -19,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import yaml
@@ -270,6 +272,67 @@ def test_tls_server_name_is_the_name_checked(server: Server, tmp_path: Path) -> 
         cluster["tls-server-name"] = "apiserver.internal"
         got = seen(kubeconfig.load(str(write(tmp_path / "b", {"token": "t"}, cluster))))
         assert got["authorization"] == "Bearer t"
+
+
+class Connect(BaseHTTPRequestHandler):
+    """An HTTP proxy that only tunnels (CONNECT), and counts the tunnels it opened."""
+
+    tunnels: ClassVar[list[str]] = []
+
+    def do_CONNECT(self) -> None:
+        host, _, port = self.path.rpartition(":")
+        upstream = socket.create_connection((host, int(port)), timeout=10)
+        Connect.tunnels.append(self.path)
+        self.send_response(200)
+        self.end_headers()
+        sockets = [self.connection, upstream]
+        try:
+            while True:
+                ready, _, _ = select.select(sockets, [], [], 10)
+                if not ready:
+                    return
+                for sock in ready:
+                    data = sock.recv(65536)
+                    if not data:
+                        return
+                    (upstream if sock is self.connection else self.connection).sendall(data)
+        finally:
+            upstream.close()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_proxy_url_and_https_proxy_tunnel_to_the_server(
+    server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proxy = ThreadingHTTPServer(("127.0.0.1", 0), Connect)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{proxy.server_address[1]}"
+    Connect.tunnels.clear()
+    try:
+        cluster = {"server": server.url, "certificate-authority-data": b64(server.ca.cert_pem)}
+        for var in ("HTTPS_PROXY", "https_proxy", "NO_PROXY", "no_proxy"):
+            monkeypatch.delenv(var, raising=False)
+        plain = kubeconfig.load(str(write(tmp_path / "a", {"token": "t"}, cluster)))
+        assert seen(plain)["authorization"] == "Bearer t"
+        assert Connect.tunnels == []
+        proxied = {**cluster, "proxy-url": url}
+        got = seen(kubeconfig.load(str(write(tmp_path / "b", {"token": "t"}, proxied))))
+        assert got["authorization"] == "Bearer t"
+        assert Connect.tunnels == [server.url.removeprefix("https://")]
+        monkeypatch.setenv("HTTPS_PROXY", url)
+        assert seen(plain)["authorization"] == "Bearer t"
+        assert len(Connect.tunnels) == 2
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+        assert seen(plain)["authorization"] == "Bearer t"
+        assert len(Connect.tunnels) == 2  # NO_PROXY names the server: straight to it
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+    socks = {**cluster, "proxy-url": "socks5://127.0.0.1:1080"}
+    with pytest.raises(FailedPreconditionError, match=r"proxy-url: 'socks5://127\.0\.0\.1:1080'"):
+        kubeconfig.load(str(write(tmp_path / "c", {"token": "t"}, socks)))
 
 
 def plugin_script(tmp_path: Path, body: str) -> Path:

@@ -18,7 +18,11 @@ import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
+from urllib.request import (  # type: ignore[attr-defined] # (no stub for the second)
+    getproxies_environment,
+    proxy_bypass_environment,
+)
 
 import urllib3
 
@@ -157,7 +161,29 @@ class KubeClient:
             kwargs["server_hostname"] = cluster.tls_server_name
             if not cluster.insecure:
                 kwargs["assert_hostname"] = cluster.tls_server_name
+        proxy = self._proxy()
+        if proxy is not None:
+            return urllib3.ProxyManager(proxy, ssl_context=context, **kwargs)
         return urllib3.PoolManager(ssl_context=context, **kwargs)
+
+    def _proxy(self) -> str | None:
+        """The cluster's ``proxy-url``, else the environment's proxy for its server
+        (``HTTPS_PROXY``, or ``HTTP_PROXY`` for an http:// server, unless ``NO_PROXY`` names
+        it), as kubectl takes them."""
+        cluster = self.config.cluster
+        if cluster.proxy_url:
+            return cluster.proxy_url
+        proxies = getproxies_environment()
+        server = urlsplit(cluster.server)
+        if server.hostname and proxy_bypass_environment(server.hostname, proxies):
+            return None
+        proxy = proxies.get(server.scheme) or None
+        if proxy is not None and not proxy.startswith(("http://", "https://")):
+            raise FailedPreconditionError(
+                f"the {server.scheme.upper()}_PROXY environment variable {proxy!r}: only "
+                "http:// and https:// proxies are supported (not socks)"
+            )
+        return proxy
 
     def param_serialize(
         self,

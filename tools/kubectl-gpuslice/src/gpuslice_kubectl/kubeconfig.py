@@ -9,7 +9,7 @@ client's loader (built on pydantic). This module reads what ``kubectl`` reads:
   ``~/.kube/config``, else the pod's service account (``in_cluster``);
 - the context: ``--context`` or ``current-context``, and its ``namespace``;
 - the cluster: ``server``, ``certificate-authority`` or ``-data``, ``insecure-skip-tls-verify``,
-  ``tls-server-name``;
+  ``tls-server-name``, ``proxy-url`` (else ``HTTPS_PROXY``/``NO_PROXY``, as kubectl);
 - the user: ``token``, ``tokenFile``, ``client-certificate``/``client-key`` or their ``-data``,
   ``username``/``password``, and ``exec`` credential plugins (``ExecPlugin``).
   ``auth-provider`` (gcp and azure, which kubectl removed; oidc) is refused with a message that
@@ -47,6 +47,8 @@ class Cluster:
     ca_data: bytes | None = None
     insecure: bool = False
     tls_server_name: str | None = None
+    proxy_url: str | None = None
+    """``proxy-url``; without it ``HTTPS_PROXY``/``NO_PROXY`` decide, as for kubectl."""
 
 
 @dataclass(frozen=True)
@@ -189,7 +191,18 @@ def _cluster(name: str, body: Mapping[str, Any], path: Path) -> Cluster:
         ca_data=_data(body, "certificate-authority-data", where),
         insecure=_bool(body, "insecure-skip-tls-verify", where),
         tls_server_name=_string(body, "tls-server-name", where),
+        proxy_url=_proxy(body, where),
     )
+
+
+def _proxy(body: Mapping[str, Any], where: str) -> str | None:
+    url = _string(body, "proxy-url", where)
+    if url is not None and not url.startswith(("http://", "https://")):
+        raise _bad(
+            f"{where}.proxy-url",
+            f"{url!r}: only http:// and https:// proxies are supported (not socks)",
+        )
+    return url
 
 
 def _user(name: str, body: Mapping[str, Any], path: Path) -> User:
