@@ -2,28 +2,27 @@
 # Builds kubectl-gpuslice as one executable file (a Python zip application,
 # hack/kubectl_plugin/build.py) with the plugin, the gpuslice libraries and the third-party
 # distributions tools/kubectl-gpuslice/pyproject.toml names vendored from an installed
-# environment, and writes its sha256 next to it. The file runs from the zip with a python3 of the
-# same CPython minor version on the same platform as that environment (pydantic-core, which the
-# kubernetes client needs, is compiled; docs/cluster-view.md, "Installing"). Also packs it for
-# krew with --archive.
+# environment, and writes its sha256 next to it. Everything in it is pure Python: the one file
+# runs with any python3 from 3.10 on, on every platform (docs/cluster-view.md, "Installing").
+# Also packs it for krew with --archive.
 #
-# usage: hack/kubectl-plugin.sh [--python PY] [--out FILE] [--archive OS_ARCH]
-#   --python PY        the interpreter of the environment to vendor from (default: .venv/bin/python
-#                      of the repository, else python3); the file is for its version and platform
-#   --out FILE         where to write the executable (default: dist/kubectl-gpuslice)
-#   --archive OS_ARCH  also write dist/kubectl-gpuslice_<OS_ARCH>.tar.gz (the executable and the
-#                      LICENSE, as krew installs it) and its .sha256
+# usage: hack/kubectl-plugin.sh [--python PY] [--out FILE] [--archive]
+#   --python PY   the interpreter of the environment to vendor from (default: .venv/bin/python of
+#                 the repository, else python3)
+#   --out FILE    where to write the executable (default: dist/kubectl-gpuslice)
+#   --archive     also write kubectl-gpuslice.tar.gz beside it (the executable and the LICENSE,
+#                 as krew installs it) and its .sha256: one archive for every platform
 set -euo pipefail
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PY=""
 OUT="$REPO_ROOT/dist/kubectl-gpuslice"
-ARCHIVE=""
+ARCHIVE=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --python) PY=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
-    --archive) ARCHIVE=$2; shift 2 ;;
+    --archive) ARCHIVE=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "kubectl-plugin.sh: unknown argument $1 (--help)" >&2; exit 2 ;;
   esac
@@ -41,13 +40,13 @@ sha() { if command -v sha256sum >/dev/null; then sha256sum "$1"; else shasum -a 
 (cd "$(dirname "$OUT")" && sha "$(basename "$OUT")" > "$(basename "$OUT").sha256")
 cat "$OUT.sha256"
 
-if [ -n "$ARCHIVE" ]; then
+if [ "$ARCHIVE" = 1 ]; then
   dir=$(dirname "$OUT")
   stage=$(mktemp -d)
   trap 'rm -rf "$stage"' EXIT
   cp "$OUT" "$stage/kubectl-gpuslice"
   [ -f "$REPO_ROOT/LICENSE" ] && cp "$REPO_ROOT/LICENSE" "$stage/LICENSE"
-  tarball="kubectl-gpuslice_${ARCHIVE}.tar.gz"
+  tarball="kubectl-gpuslice.tar.gz"
   (cd "$stage" && tar -czf "$dir/$tarball" ./*)
   (cd "$dir" && sha "$tarball" > "$tarball.sha256")
   cat "$dir/$tarball.sha256"

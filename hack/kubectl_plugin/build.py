@@ -3,25 +3,20 @@ holds the plugin, the gpuslice libraries it imports and the third-party distribu
 declares (tools/kubectl-gpuslice/pyproject.toml) with what they require, vendored from an
 installed environment (hack/kubectl-plugin.sh; docs/cluster-view.md, "Installing").
 
-Python runs pure-Python code straight from the zip. The pyproject's
-``[tool.gpuslice.kubectl-plugin]`` table says what else happens: distributions and paths left
-out (kubernetes.aio and aiohttp, which the plugin never imports), compiled speedups dropped where
-the package falls back to pure Python (``pure-fallback``), and the distributions whose compiled
-parts the plugin needs (``compiled``: pydantic-core, which kubernetes 37's client is built on).
-A compiled part in any other distribution fails the build, naming it. Those packages are
-unpacked on the first run into ``${XDG_CACHE_HOME:-~/.cache}/kubectl-gpuslice/<build id>/``
-(a few MiB), so the file is for one platform and one CPython minor version (those of the
-environment it vendors from); a run under another fails with a message that names both.
+Python runs pure-Python code straight from the zip, and the file holds nothing else, so one
+file runs on every platform with any python3 from ``bootstrap.MIN_PYTHON`` on (decision 15).
+The pyproject's ``[tool.gpuslice.kubectl-plugin]`` table says what else happens: distributions
+and paths left out (``leave-out``, ``leave-out-paths``) and compiled speedups dropped where the
+package falls back to pure Python (``pure-fallback``: PyYAML's libyaml binding). A compiled part
+in any other distribution fails the build, naming it.
 
-usage: python build.py --site-packages DIR --out FILE [--platform OS-ARCH] [--python X.Y]
+usage: python build.py --site-packages DIR --out FILE
 """
 
 from __future__ import annotations
 
 import argparse
 import compileall
-import hashlib
-import platform
 import py_compile
 import re
 import shutil
@@ -48,6 +43,10 @@ FIRST_PARTY = {
 }
 MAIN = Path(__file__).with_name("bootstrap.py")
 COMPILED_SUFFIXES = (".so", ".pyd", ".dylib")
+_MIN = re.search(r"^MIN_PYTHON = \((\d+), (\d+)\)$", MAIN.read_text(), re.M)
+assert _MIN, f"{MAIN}: no MIN_PYTHON"
+MIN_PYTHON = f"{_MIN[1]}.{_MIN[2]}"
+"""The oldest python3 the file runs with (bootstrap.py checks it at run time)."""
 
 
 def canonical(name: str) -> str:
@@ -61,7 +60,6 @@ class Rules:
     leave_out: frozenset[str] = frozenset()
     leave_out_paths: tuple[str, ...] = ()
     pure_fallback: frozenset[str] = frozenset()
-    compiled: frozenset[str] = frozenset()
 
     @classmethod
     def of_plugin(cls) -> Rules:
@@ -70,17 +68,13 @@ class Rules:
             leave_out=frozenset(canonical(n) for n in table.get("leave-out", [])),
             leave_out_paths=tuple(table.get("leave-out-paths", [])),
             pure_fallback=frozenset(canonical(n) for n in table.get("pure-fallback", [])),
-            compiled=frozenset(canonical(n) for n in table.get("compiled", [])),
         )
 
 
 @dataclass
 class Staged:
-    """What :func:`stage` copied: the compiled files kept, the top-level packages that hold them
-    (unpacked on the first run), and the compiled files dropped for their pure fallback."""
+    """What :func:`stage` left out: the compiled files dropped for their pure fallback."""
 
-    compiled: list[str] = field(default_factory=list)
-    unpack: set[str] = field(default_factory=set)
     dropped: list[str] = field(default_factory=list)
 
 
@@ -160,32 +154,21 @@ def stage(site: Path, into: Path, rules: Rules) -> Staged:
                 if name in rules.pure_fallback:
                     staged.dropped.append(f"{relative} ({name})")
                     continue
-                if name not in rules.compiled:
-                    raise SystemExit(
-                        f"build.py: {name} has a compiled part ({relative}) and the plugin is pure "
-                        f"Python apart from {', '.join(sorted(rules.compiled)) or 'nothing'}: "
-                        "keep it out of the plugin's imports, or list it under pure-fallback or "
-                        "compiled in tools/kubectl-gpuslice/pyproject.toml, saying why"
-                    )
-                staged.compiled.append(f"{relative} ({name})")
-                staged.unpack.add(parts[0])
+                raise SystemExit(
+                    f"build.py: {name} has a compiled part ({relative}) and the plugin is pure "
+                    "Python, one file for every platform: keep it out of the plugin's imports, "
+                    "or list it under pure-fallback in tools/kubectl-gpuslice/pyproject.toml if "
+                    "the package falls back to pure Python on its own"
+                )
             target = into / relative
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target)
-    staged.compiled.sort()
     staged.dropped.sort()
     return staged
 
 
 def _no_cache(_dir: str, names: list[str]) -> list[str]:
     return [n for n in names if n == "__pycache__" or n.endswith(".pyc")]
-
-
-def build_id(tree: Path) -> str:
-    digest = hashlib.sha256()
-    for path in sorted(p for p in tree.rglob("*") if p.is_file()):
-        digest.update(str(path.relative_to(tree)).encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()[:16]
 
 
 def _precompile(tree: Path) -> None:
@@ -225,14 +208,6 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--site-packages", type=Path, required=True, help="Where to vendor from.")
     parser.add_argument("--out", type=Path, required=True, help="The executable to write.")
-    parser.add_argument(
-        "--platform",
-        default=None,
-        help="The OS-ARCH the vendored compiled parts are for (default: this machine's).",
-    )
-    parser.add_argument(
-        "--python", default=None, help="Their CPython X.Y (default: this interpreter's)."
-    )
     args = parser.parse_args()
     rules = Rules.of_plugin()
     with tempfile.TemporaryDirectory() as tmp:
@@ -240,34 +215,15 @@ def main() -> int:
         vendor = tree / "_vendor"
         vendor.mkdir(parents=True)
         staged = stage(args.site_packages, vendor, rules)
-        bid = build_id(vendor)
         _precompile(vendor)
-        if staged.compiled:
-            target = args.platform or f"{sys.platform}-{platform.machine()}"
-            python = args.python or f"{sys.version_info[0]}.{sys.version_info[1]}"
-        else:
-            target, python = "any", "any"
-        main_py = MAIN.read_text()
-        for key, value in (
-            ("BUILD_ID", repr(bid)),
-            ("PLATFORM", repr(target)),
-            ("PYTHON", repr(python)),
-            ("UNPACK", repr(tuple(sorted(staged.unpack)))),
-        ):
-            main_py, n = re.subn(rf"^{key}\b.*$", f"{key} = {value}", main_py, count=1, flags=re.M)
-            assert n == 1, key
-        (tree / "__main__.py").write_text(main_py)
+        shutil.copy2(MAIN, tree / "__main__.py")
         args.out.parent.mkdir(parents=True, exist_ok=True)
         zipapp.create_archive(tree, args.out, interpreter="/usr/bin/env python3", compressed=True)
     _imports_alone(args.out)
     size = args.out.stat().st_size
-    print(f"{args.out}: build {bid}, {target}, CPython {python}, {size / 2**20:.1f} MiB")
-    for file in staged.compiled:
-        print(f"  compiled: {file}")
+    print(f"{args.out}: any platform, python3 >= {MIN_PYTHON}, {size / 2**20:.1f} MiB")
     for file in staged.dropped:
         print(f"  dropped (pure-Python fallback): {file}")
-    for name in sorted(staged.unpack):
-        print(f"  unpacked on the first run: {name}/")
     return 0
 
 

@@ -1,7 +1,8 @@
 """Fills plugins/gpuslice.yaml, the krew manifest, for one release: the version, the repository
-the archives are released from, and each archive's sha256 (read from the
-``kubectl-gpuslice_<os>_<arch>.tar.gz.sha256`` files hack/kubectl-plugin.sh writes). Every
-placeholder must be filled; one left over, or a sha256 file missing, is an error.
+the archive is released from, and the archive's sha256 (read from the
+``kubectl-gpuslice.tar.gz.sha256`` file hack/kubectl-plugin.sh writes). The archive is one for
+every platform (the plugin is pure Python: decision 15). Every placeholder must be filled; one
+left over, or the sha256 file missing, is an error.
 
 usage: python krew_manifest.py --version X.Y.Z --repository OWNER/NAME --sha-dir DIR --out FILE
 """
@@ -14,19 +15,18 @@ import sys
 from pathlib import Path
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "plugins" / "gpuslice.yaml"
-PLATFORMS = ("linux_amd64", "linux_arm64", "darwin_amd64", "darwin_arm64")
+ARCHIVE = "kubectl-gpuslice.tar.gz"
 
 
 def fill(template: str, version: str, repository: str, sha_dir: Path) -> str:
     values = {"VERSION": version.removeprefix("v"), "REPOSITORY": repository}
-    for platform in PLATFORMS:
-        file = sha_dir / f"kubectl-gpuslice_{platform}.tar.gz.sha256"
-        if not file.is_file():
-            raise SystemExit(f"krew_manifest.py: no {file}")
-        digest = file.read_text().split()[0]
-        if not re.fullmatch(r"[0-9a-f]{64}", digest):
-            raise SystemExit(f"krew_manifest.py: {file} holds no sha256")
-        values[f"SHA256_{platform.upper()}"] = digest
+    file = sha_dir / f"{ARCHIVE}.sha256"
+    if not file.is_file():
+        raise SystemExit(f"krew_manifest.py: no {file}")
+    digest = (file.read_text().split() or [""])[0]
+    if not re.fullmatch(r"[0-9a-f]{64}", digest):
+        raise SystemExit(f"krew_manifest.py: {file} holds no sha256")
+    values["SHA256"] = digest
     filled = re.sub(r"__([A-Z0-9_]+?)__", lambda m: values.get(m.group(1), m.group(0)), template)
     left = sorted(set(re.findall(r"__[A-Z0-9_]+?__", filled)))
     if left:
@@ -38,7 +38,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--version", required=True, help="The release's version, X.Y.Z[-PRE].")
     parser.add_argument("--repository", required=True, help="The GitHub OWNER/NAME.")
-    parser.add_argument("--sha-dir", type=Path, required=True, help="The .sha256 files' folder.")
+    parser.add_argument("--sha-dir", type=Path, required=True, help="The .sha256 file's folder.")
     parser.add_argument("--out", type=Path, required=True, help="The manifest to write.")
     args = parser.parse_args()
     args.out.write_text(fill(TEMPLATE.read_text(), args.version, args.repository, args.sha_dir))

@@ -26,6 +26,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
+from kubernetes.client import ApiClient
 
 from e2e.sandbox.controlplane import ControlPlane
 from e2e.sandbox.nodeagent.testing import temporary_namespace, wait_for
@@ -76,6 +77,7 @@ def claim_text(name: str, parameters: str, *, selector: str = "") -> str:
 def send(kube: RawApi, method: str, path: str, body: bytes, content_type: str) -> tuple[int, str]:
     """One request with a body of bytes, answered as (status, body text); nothing decoded."""
     api = kube.api_client
+    assert isinstance(api, ApiClient)  # the sandbox's kubernetes client: its pool sends bytes
     headers = {"Content-Type": content_type, "Accept": "application/json"}
     _m, url, headers, _b, _p = api.param_serialize(
         method=method, resource_path=path, header_params=headers, auth_settings=["BearerToken"]

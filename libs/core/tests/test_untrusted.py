@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from gpuslice_core import untrusted
 from gpuslice_core.untrusted import (
     MAX_DEPTH,
     Throttle,
@@ -49,6 +50,25 @@ def test_nesting_is_bounded_without_recursion() -> None:
 def test_what_the_fast_parser_refuses_the_standard_one_decides() -> None:
     assert loads('{"x":"\\ud800"}') == {"x": "\ud800"}  # Kubernetes passes such escapes on
     with pytest.raises(UndecodableError, match="out of range"):
+        loads('{"x":' + "1" * 5000 + "}")
+    with pytest.raises(UndecodableError, match="not JSON"):
+        loads("{nope")
+
+
+def test_without_pydantic_core_the_standard_decoder_keeps_the_bounds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """kubectl gpuslice carries no pydantic-core: the same nesting is refused, numbers too long
+    for int are not JSON, the rest decodes as before."""
+    monkeypatch.setattr(untrusted, "_FAST", None)
+    with pytest.raises(
+        UndecodableError, match=f"JSON nested 1500 levels deep \\(at most {MAX_DEPTH}"
+    ):
+        loads(DEEP)
+    assert loads("[" * MAX_DEPTH + "]" * MAX_DEPTH) is not None
+    assert loads(obj("a"))["metadata"]["name"] == "a"
+    assert loads('{"x":"\\ud800"}') == {"x": "\ud800"}
+    with pytest.raises(UndecodableError, match="not JSON"):
         loads('{"x":' + "1" * 5000 + "}")
     with pytest.raises(UndecodableError, match="not JSON"):
         loads("{nope")

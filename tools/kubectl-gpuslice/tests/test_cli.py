@@ -83,10 +83,13 @@ def test_the_namespace_comes_from_the_kubeconfig_context(tmp_path: Path) -> None
         "- {name: a, context: {cluster: c, user: u, namespace: team-a}}\n"
         "- {name: b, context: {cluster: c, user: u}}\n"
     )
-    args = cli.parser().parse_args(["claims"])
-    assert cli._namespace(args, str(config)) == "team-a"
-    args = cli.parser().parse_args(["claims", "--context", "b"])
-    assert cli._namespace(args, str(config)) == "default"
+    for flags, namespace in [
+        ([], "team-a"),
+        (["--context", "b"], "default"),
+        (["--context", "b", "-n", "mine"], "mine"),
+    ]:
+        args = cli.parser().parse_args(["claims", "--kubeconfig", str(config), *flags])
+        assert cli._namespace(args, cli._config(args)) == namespace
 
 
 class Discovery:
@@ -244,6 +247,15 @@ def test_json_is_a_gpu_list_whatever_the_source(
         view_api=view_api,
     )
     assert [o["metadata"]["name"] for o in yaml.safe_load(selected)["items"]] == ["node-a.gpu-0"]
+    named = printed(capsys, Rows(), ["top", "gpus", "-o", "name"], view_api=view_api)
+    assert named.splitlines() == [
+        "gpu.view.gpuslice.dev/node-a.gpu-0",
+        "gpu.view.gpuslice.dev/node-a.gpu-1",
+    ]
+    one_name = printed(
+        capsys, Rows(), ["describe", "gpu", "node-a/1", "-o", "name"], view_api=view_api
+    )
+    assert one_name == "gpu.view.gpuslice.dev/node-a.gpu-1\n"
     table = printed(capsys, Rows(), ["top", "gpus", "--no-headers"], view_api=view_api)
     assert [line.split()[:2] for line in table.splitlines()] == [
         ["node-a", "gpu-0"],
@@ -328,3 +340,9 @@ def test_claims_and_why_print_gpuclaim_and_gpureason_objects_whatever_the_source
     assert reason.get("served") == (True if view_api else None)
     text = run(["why", "waiting"])
     assert text.startswith("Pod: ml/waiting\n") and "claim ml/pending" in text
+    # -o name: kubectl's <singular>.<group>/<name> of the objects -o json prints
+    assert run(["claims", "-o", "name"]).splitlines() == [
+        "gpuclaim.view.gpuslice.dev/a",
+        "gpuclaim.view.gpuslice.dev/pending",
+    ]
+    assert run(["why", "pod/waiting", "-o", "name"]) == "gpureason.view.gpuslice.dev/waiting\n"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 
-from gpuslice_core import cdi
+from gpuslice_core import cdi_names
 
 #: The DRA driver: ResourceSlices' ``spec.driver``, the device attribute domain, the claim
 #: config's driver, the kubelet plugin's registration name.
@@ -22,8 +22,8 @@ MIG_CLASS = "mig.gpuslice.dev"
 CONFIG_API_VERSION = f"{DRIVER}/v1alpha1"
 
 #: The CDI vendor of every spec gpuslice writes (``k8s.gpu.gpuslice.dev/<class>=<device>``),
-#: defined with the CDI writer (gpuslice_core sits below this library).
-CDI_VENDOR = cdi.DEFAULT_VENDOR
+#: defined below this library, beside the CDI writer (gpuslice_core.cdi_names).
+CDI_VENDOR = cdi_names.DEFAULT_VENDOR
 
 #: Node label choosing how a node's GPUs are served: DRA (absent or ``dra``) or the device
 #: plugin (``device-plugin``); the chart's node DaemonSets select on it.

@@ -41,6 +41,7 @@ from typing import TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
+from gpuslice_core.cdi_names import DEFAULT_VENDOR as DEFAULT_VENDOR
 from gpuslice_core.errors import (
     CorruptStateError,
     FailedPreconditionError,
@@ -54,7 +55,6 @@ from gpuslice_core.files import (
 from gpuslice_core.strict import describe_errors
 
 DEFAULT_CDI_ROOT = Path("/var/run/cdi")
-DEFAULT_VENDOR = "k8s.gpu.gpuslice.dev"
 DEFAULT_CLASS = "claim"
 KNOWN_VERSIONS = (*(f"0.{minor}.0" for minor in range(1, 9)), "1.0.0", "1.1.0")
 EARLIEST_VERSION = "0.3.0"

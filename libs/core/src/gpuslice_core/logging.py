@@ -33,7 +33,7 @@ import sys
 import time
 import traceback
 from collections.abc import Mapping
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import structlog
 from structlog.typing import EventDict, Processor
@@ -183,7 +183,13 @@ def _epoch_ms(_logger: Any, _method: str, event: EventDict) -> EventDict:
     return event
 
 
-class _StdoutHandler(logging.StreamHandler[TextIO]):
+if TYPE_CHECKING:
+    _TextStreamHandler = logging.StreamHandler[TextIO]
+else:  # subscripted at run time from Python 3.11 on; kubectl gpuslice runs on 3.10 too
+    _TextStreamHandler = logging.StreamHandler
+
+
+class _StdoutHandler(_TextStreamHandler):
     """Writes to the ``sys.stdout`` of the moment, as ``logging.lastResort`` does for stderr.
 
     A handler that kept the stdout of configure() time would outlive it wherever stdout is

@@ -11,10 +11,10 @@ for every service (gpuslice_core is the one library all of them use). Operations
 from __future__ import annotations
 
 import platform
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from enum import StrEnum
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
@@ -29,6 +29,16 @@ from prometheus_client import (
     disable_created_metrics,
     start_http_server,
 )
+
+if sys.version_info >= (3, 11):  # noqa: UP036 - kubectl gpuslice runs on 3.10 (below)
+    from enum import StrEnum
+else:  # the services run on 3.11+; kubectl gpuslice, which imports this module, on 3.10 too
+    from enum import Enum
+
+    class StrEnum(str, Enum):  # noqa: UP042 - what enum.StrEnum is from 3.11 on
+        def __str__(self) -> str:
+            return str(self.value)
+
 
 # No ``*_created`` series: a gauge of each counter's start time doubles every counter's series
 # and nothing of ours reads it (Prometheus itself does not need it to compute rates).

@@ -15,6 +15,10 @@ into gRPC trailers, Events and log lines that have size limits of their own. So:
 - messages quote such input through ``shown`` (at most ``SHOWN`` characters of one value) and
   ``listed`` (the first ``LISTED`` items and how many there are in all), never whole.
 
+Where pydantic-core is not installed (the one-file ``kubectl gpuslice``, which carries no
+compiled code: decision 15), ``loads`` checks the depth first and decodes with the standard
+library; it refuses the same nesting, and a number too long for ``int`` as ``not JSON``.
+
 Splitting and pruning scan the text once with a regular expression, without recursion, and run
 only when the fast decoder has refused a document.
 """
@@ -26,9 +30,8 @@ import re
 import threading
 import time
 from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import Any
-
-import pydantic_core
 
 from gpuslice_core.errors import InvalidArgumentError
 
@@ -103,15 +106,27 @@ def _reason(exc: ValueError) -> str:
     return f"not JSON: {text[:200]}"
 
 
+def _fast_decoder() -> ModuleType | None:
+    try:
+        import pydantic_core
+    except ImportError:
+        return None
+    return pydantic_core
+
+
+_FAST = _fast_decoder()
+
+
 def loads(data: bytes | str) -> Any:
     """Decode ``data``; ``UndecodableError`` says why not. Nothing it returns nests deeper
     than ``MAX_DEPTH``, so recursive walks of the result stay far from Python's limit."""
-    try:
-        return pydantic_core.from_json(data)
-    except ValueError as exc:
-        reason = _reason(exc)
-        if not reason.startswith("not JSON"):
-            raise UndecodableError(reason) from exc
+    if _FAST is not None:
+        try:
+            return _FAST.from_json(data)
+        except ValueError as exc:
+            reason = _reason(exc)
+            if not reason.startswith("not JSON"):
+                raise UndecodableError(reason) from exc
     # The fast parser refuses a few things the standard one takes (a lone surrogate escape,
     # which Kubernetes passes through in raw extensions): let the standard one decide, after
     # checking the depth without recursion.

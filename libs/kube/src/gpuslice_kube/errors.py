@@ -8,8 +8,10 @@ everything else is permanent and carries the API server's own message.
 
 from __future__ import annotations
 
+import sys
+from typing import TYPE_CHECKING, TypeGuard
+
 import urllib3
-from kubernetes.client.exceptions import ApiException
 
 from gpuslice_core.errors import (
     AlreadyExistsError,
@@ -20,6 +22,9 @@ from gpuslice_core.errors import (
     TransientError,
 )
 from gpuslice_core.untrusted import UndecodableError, loads
+
+if TYPE_CHECKING:
+    from kubernetes.client.exceptions import ApiException
 
 TRANSIENT_STATUSES = frozenset({0, 408, 429, 500, 502, 503, 504})
 
@@ -130,7 +135,7 @@ def from_exception(exc: BaseException, *, what: str = "") -> KubeError:
     """Translate a client or transport exception; the original is kept as ``__cause__``."""
     if isinstance(exc, KubeError):
         return exc
-    if isinstance(exc, ApiException):
+    if _is_api_exception(exc):
         headers = dict(exc.headers or {})
         err = from_status(int(exc.status or 0), exc.body, headers=headers, what=what)
         if not err.args[0].strip(": ") and exc.reason:
@@ -145,6 +150,14 @@ def from_exception(exc: BaseException, *, what: str = "") -> KubeError:
         raise TypeError(f"not a Kubernetes API failure: {exc!r}") from exc
     err.__cause__ = exc
     return err
+
+
+def _is_api_exception(exc: BaseException) -> TypeGuard[ApiException]:
+    """Whether ``exc`` is the kubernetes client's ``ApiException``. Only that client raises
+    one, so where it was never imported (``kubectl gpuslice``) nothing is, and this module does
+    not import it (decision 15)."""
+    module = sys.modules.get("kubernetes.client.exceptions")
+    return module is not None and isinstance(exc, module.ApiException)
 
 
 def _unreachable(exc: BaseException) -> tuple[str, str] | None:

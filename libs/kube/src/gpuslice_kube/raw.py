@@ -23,9 +23,9 @@ from typing import Any
 from urllib.parse import quote
 
 import urllib3
-from kubernetes.client import ApiClient
 
 from gpuslice_core import untrusted
+from gpuslice_core.errors import GpusliceError
 from gpuslice_core.logging import get_logger
 from gpuslice_kube import retry
 from gpuslice_kube.errors import (
@@ -34,6 +34,7 @@ from gpuslice_kube.errors import (
     from_exception,
     from_status,
 )
+from gpuslice_kube.transport import ApiClientLike
 
 log = get_logger(__name__)
 
@@ -137,10 +138,17 @@ def resource_path(
 
 class RawApi:
     """GET/LIST/WATCH/CREATE/UPDATE/PATCH/DELETE on resource paths, with retries on transient
-    failures and gpuslice errors (with the API server's message) on everything else."""
+    failures and gpuslice errors (with the API server's message) on everything else.
+
+    ``api_client`` is the kubernetes client's ``ApiClient`` or anything with its two calls
+    (``gpuslice_kube.transport``)."""
 
     def __init__(
-        self, api_client: ApiClient, *, deadline: float = 60.0, unreachable_is_final: bool = False
+        self,
+        api_client: ApiClientLike,
+        *,
+        deadline: float = 60.0,
+        unreachable_is_final: bool = False,
     ) -> None:
         """Transient failures are retried for ``deadline`` seconds; with
         ``unreachable_is_final`` (a command a person runs) an API server that cannot be
@@ -182,6 +190,8 @@ class RawApi:
                 body=serialized,
                 _request_timeout=timeout,
             )
+        except GpusliceError:  # the client's own verdict (a kubeconfig it cannot use)
+            raise
         except Exception as exc:  # client/transport failures: classify, keep the cause
             raise from_exception(exc, what=what) from exc
         if not 200 <= response.status <= 299:

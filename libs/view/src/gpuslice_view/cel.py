@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
@@ -39,7 +40,8 @@ MAX_REPEATS = 2
 """Repeats (``*``, ``+``, ``{m,n}``) a ``matches()`` pattern may have here."""
 MAX_MATCH_TEXT = 64
 """Characters of a string ``matches()`` is judged on here (a device attribute has at most 64)."""
-_SRE: Any = importlib.import_module("re._parser")  # the stdlib's pattern parser (no stubs)
+# the stdlib's pattern parser (no stubs); sre_parse before 3.11 (kubectl gpuslice runs on 3.10)
+_SRE: Any = importlib.import_module("re._parser" if sys.version_info >= (3, 11) else "sre_parse")
 
 
 class Unsupported(Exception):  # noqa: N818 - a verdict, not a failure of ours

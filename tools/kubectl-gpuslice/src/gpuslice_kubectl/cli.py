@@ -31,15 +31,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kubernetes import config as kubeconfig_loader
-from kubernetes.client import ApiClient
 
 from gpuslice_core import logging as gslog
 from gpuslice_core.errors import GpusliceError, NotFoundError
-from gpuslice_kube.client import new_api_client
 from gpuslice_kube.errors import KubeUnreachableError
 from gpuslice_kube.raw import RawApi
-from gpuslice_kubectl import jsonpath, remote, viewapi
+from gpuslice_kube.transport import ApiClientLike
+from gpuslice_kubectl import jsonpath, kubeconfig, remote, viewapi
+from gpuslice_kubectl.apiclient import KubeClient
 from gpuslice_view import __version__, cordon, namespaced, report, resource, source
 from gpuslice_view.reasons import Reason, why_claim
 from gpuslice_view.selectors import label_selector
@@ -177,18 +176,14 @@ def _kubeconfig(args: argparse.Namespace) -> str | None:
     return str(default) if default.is_file() else None
 
 
-def _namespace(args: argparse.Namespace, kubeconfig: str | None) -> str:
-    if args.namespace:
-        return str(args.namespace)
-    if kubeconfig:
-        try:
-            contexts, current = kubeconfig_loader.list_kube_config_contexts(kubeconfig)
-        except Exception:  # an unreadable file fails later, with new_api_client's message
-            return "default"
-        chosen = next((c for c in contexts if c["name"] == args.context), current)
-        return str((chosen or {}).get("context", {}).get("namespace") or "default")
-    in_pod = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-    return in_pod.read_text().strip() if in_pod.is_file() else "default"
+def _config(args: argparse.Namespace) -> kubeconfig.Config:
+    """The kubeconfig's cluster, user and namespace, else the pod's service account."""
+    files = _kubeconfig(args)
+    return kubeconfig.load(files, args.context) if files else kubeconfig.in_cluster()
+
+
+def _namespace(args: argparse.Namespace, config: kubeconfig.Config) -> str:
+    return str(args.namespace or config.namespace or "default")
 
 
 def _emit(args: argparse.Namespace, data: Any, text: str, names: Sequence[str] = ()) -> None:
@@ -209,14 +204,21 @@ def _emit(args: argparse.Namespace, data: Any, text: str, names: Sequence[str] =
         print(text)
 
 
+def _object_name(singular: str, name: str) -> str:
+    """``-o name`` as kubectl prints it for the view API's objects that ``-o json`` prints:
+    ``<singular>.<group>/<name>``, without the namespace."""
+    return f"{singular}.{resource.GROUP}/{name}"
+
+
 def _gpu_name(row: report.Row) -> str:
     """A row's name as ``kubectl get gpus -o name`` prints it."""
-    name = resource.object_name(row["node"], row["device"])
-    return f"{resource.SINGULAR}.{resource.GROUP}/{name}"
+    return _object_name(resource.SINGULAR, resource.object_name(row["node"], row["device"]))
 
 
 def _claim_name(row: report.Row) -> str:
-    return f"resourceclaim.resource.k8s.io/{row['name']}"
+    """A claim row's name as ``kubectl get gpuclaims -o name`` prints it (its GPUClaim is
+    named as the ResourceClaim)."""
+    return _object_name(namespaced.CLAIM_SINGULAR, str(row["name"]))
 
 
 def _served(source_: remote.ViewSource, rows: list[report.Row]) -> list[resource.Obj]:
@@ -311,10 +313,13 @@ def _why(args: argparse.Namespace, raw: RawApi, chooser: remote.Chooser, namespa
         raise NotFoundError(f"no {what} {name!r} in namespace {namespace}")
     lines = [f"{k.capitalize()}: {v}" for k, v in data.items() if k != "reasons" and v]
     lines += [f"  {r['code']}: {Reason(**r)}" for r in data["reasons"]]
-    _emit(args, data if printed is None else printed, "\n".join(lines))
+    # -o name: a pod's GPUReason, as kubectl get gpureason prints it; a claim's reasons are no
+    # resource, so nothing (as -o json prints them as they are)
+    names = [] if printed is None else [_object_name(namespaced.REASON_SINGULAR, name)]
+    _emit(args, data if printed is None else printed, "\n".join(lines), names)
 
 
-def _chooser(args: argparse.Namespace, api_client: ApiClient, raw: RawApi) -> remote.Chooser:
+def _chooser(args: argparse.Namespace, api_client: ApiClientLike, raw: RawApi) -> remote.Chooser:
     def controller() -> remote.ControllerSource:
         where = remote.parse(args.controller) if args.controller else remote.discover(raw)
         return remote.ControllerSource(api_client, where, ca_file=args.controller_ca)
@@ -328,12 +333,10 @@ def _chooser(args: argparse.Namespace, api_client: ApiClient, raw: RawApi) -> re
 
 
 def run(args: argparse.Namespace) -> int:
-    kubeconfig = _kubeconfig(args)
-    api_client = new_api_client(
-        kubeconfig, user_agent=f"kubectl-gpuslice/{__version__}", context=args.context
-    )
+    config = _config(args)
+    api_client = KubeClient(config, user_agent=f"kubectl-gpuslice/{__version__}")
     raw = RawApi(api_client, deadline=20.0, unreachable_is_final=True)
-    namespace = _namespace(args, kubeconfig)
+    namespace = _namespace(args, config)
     chooser = _chooser(args, api_client, raw)
     if args.command in ("top", "describe"):
         _gpus(args, chooser)

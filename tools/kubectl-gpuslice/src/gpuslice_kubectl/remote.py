@@ -31,11 +31,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 from urllib.parse import quote, urlencode
 
-from kubernetes.client import ApiClient
-
 from gpuslice_core.errors import FailedPreconditionError, GpusliceError, NotFoundError
 from gpuslice_kube.errors import KubeForbiddenError, KubeNotFoundError
 from gpuslice_kube.raw import RawApi
+from gpuslice_kube.transport import ApiClientLike
 from gpuslice_view.report import Row
 from gpuslice_view.resource import GROUP, VERSION
 from gpuslice_view.wire import TOKEN_HEADER
@@ -140,7 +139,7 @@ class ControllerSource:
 
     name = "controller"
 
-    def __init__(self, api_client: ApiClient, where: Location, *, ca_file: str | None = None):
+    def __init__(self, api_client: ApiClientLike, where: Location, *, ca_file: str | None = None):
         self.api_client = api_client
         self.where = where
         self.ca_file = ca_file
