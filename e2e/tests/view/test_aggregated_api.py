@@ -450,6 +450,22 @@ def test_gpuclaims_and_gpureasons_per_namespace_with_rbac_in_it(
         said = plugin(sandbox, "-n", ns, "why", "pod/huge", "-o", "json")
         assert said.returncode == 0 and said.stderr == "", said.stderr
         assert json.loads(said.stdout)["metadata"]["name"] == "huge"
+        # a get of the claim that cannot fit carries why; why claim/ prints it from there
+        [huge] = [
+            o["metadata"]["name"]
+            for o in json.loads(
+                kubectl(sandbox, "get", "gpuclaims", "-n", ns, "-o", "json").stdout
+            )["items"]
+            if o["metadata"]["name"].startswith("huge-")
+        ]
+        got = kubectl(sandbox, "get", "gpuclaim", huge, "-n", ns, "-o", "json")
+        codes = [r["code"] for r in json.loads(got.stdout)["status"]["reasons"]]
+        assert codes and "Allocated" not in codes and "Fits" not in codes, got.stdout
+        said = plugin(sandbox, "-n", ns, "why", f"claim/{huge}", "-o", "json")
+        assert said.returncode == 0 and said.stderr == "", said.stderr
+        claim_obj = json.loads(said.stdout)
+        assert claim_obj["kind"] == "GPUClaim"
+        assert [r["code"] for r in claim_obj["status"]["reasons"]] == codes
 
         reader = user_kubeconfig(sandbox, token(kube, ns, role), tmp_path / "reader")
         mine = kubectl(sandbox, "get", "gpuclaims", "-n", ns, "-o", "name", config=reader)

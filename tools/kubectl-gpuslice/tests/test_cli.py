@@ -10,7 +10,7 @@ from typing import Any, cast
 import pytest
 import yaml
 
-from gpuslice_core.errors import FailedPreconditionError
+from gpuslice_core.errors import FailedPreconditionError, NotFoundError
 from gpuslice_kube.errors import KubeNotFoundError
 from gpuslice_kube.raw import RawApi
 from gpuslice_kubectl import cli
@@ -19,6 +19,7 @@ from gpuslice_kubectl.viewapi import VERSION_PATH, ViewApiSource
 from gpuslice_testkit.view import CLASSES, claim, gpu, pod, resource_slice, result
 from gpuslice_view import cordon, namespaced, report, resource
 from gpuslice_view.model import ClusterView
+from gpuslice_view.reasons import why_claim
 from gpuslice_view.source import taint_rule_version
 
 
@@ -293,6 +294,14 @@ class ServedClaims:
     def get(self, path: str) -> Any:
         if path == VERSION_PATH:
             return {"resources": [{"name": n} for n in ("gpus", "gpuclaims", "gpureasons")]}
+        if "/gpuclaims/" in path:  # a get of one GPUClaim carries its reasons
+            view, name = claims_view(), path.rsplit("/", 1)[1]
+            if ("ml", name) not in view.claims:
+                raise KubeNotFoundError(f"gpuclaims {name} not found")
+            [obj] = [o for o in namespaced.claim_objects(view) if o["metadata"]["name"] == name]
+            del obj["apiVersion"], obj["kind"]
+            reasons = [r.to_dict() for r in why_claim(view, view.claims[("ml", name)])]
+            return {**obj, "status": {**obj["status"], "reasons": reasons}}
         answer = report.why_row(claims_view(), "ml", path.rsplit("/", 1)[1])
         assert answer is not None
         return {**namespaced.reason_object("ml", "waiting", answer), "served": True}
@@ -346,3 +355,30 @@ def test_claims_and_why_print_gpuclaim_and_gpureason_objects_whatever_the_source
         "gpuclaim.view.gpuslice.dev/pending",
     ]
     assert run(["why", "pod/waiting", "-o", "name"]) == "gpureason.view.gpuslice.dev/waiting\n"
+
+
+def test_why_claim_reads_the_gpuclaim_the_view_api_serves(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``why claim/<name>`` where the view API is served: the reasons of a get of the GPUClaim
+    (no listing of the cluster by the plugin), its object for -o json and -o name; a claim the
+    API does not know is not found."""
+    view_api = ViewApiSource(cast(RawApi, ServedClaims()))
+
+    def run(argv: list[str]) -> str:
+        args = cli.parser().parse_args(argv)
+        args.output = args.output or "table"
+        chooser = Chooser(args.source, ClaimRows(), ClaimRows, lambda line: None, view_api)  # type: ignore[arg-type]
+        cli._why(args, cast(RawApi, None), chooser, "ml")  # no raw: nothing else is read
+        return capsys.readouterr().out
+
+    text = run(["why", "claim/pending"])
+    assert text.startswith("Claim: ml/pending\n  FullyBooked: claim ml/pending, gpu:"), text
+    assert "node-a/0 by ml/a" in text
+    obj = json.loads(run(["why", "claim/pending", "-o", "json"]))
+    assert (obj["apiVersion"], obj["kind"]) == ("view.gpuslice.dev/v1alpha1", "GPUClaim")
+    assert [r["code"] for r in obj["status"]["reasons"]] == ["FullyBooked"]
+    assert run(["why", "claim/a", "-o", "name"]) == "gpuclaim.view.gpuslice.dev/a\n"
+    assert "Allocated" in run(["why", "claim/a"])
+    with pytest.raises(NotFoundError, match="no claim 'gone' in namespace ml"):
+        run(["why", "claim/gone"])

@@ -33,7 +33,7 @@ from typing import Any
 import yaml
 
 from gpuslice_core import logging as gslog
-from gpuslice_core.errors import GpusliceError, NotFoundError
+from gpuslice_core.errors import FailedPreconditionError, GpusliceError, NotFoundError
 from gpuslice_kube.errors import KubeUnreachableError
 from gpuslice_kube.raw import RawApi
 from gpuslice_kube.transport import ApiClientLike
@@ -296,27 +296,55 @@ def _why(args: argparse.Namespace, raw: RawApi, chooser: remote.Chooser, namespa
     if kind not in ("", "pod", "pods", "claim", "claims", "resourceclaim"):
         raise NotFoundError(f"why {args.target!r}: give a pod or claim (pod/<name>, claim/<name>)")
     data = None
-    printed: resource.Obj | None = None  # what -o json prints: the GPUReason of a pod
+    # what -o json and -o name print: the pod's GPUReason, or the claim's GPUClaim as a get of
+    # the view API serves it (with its reasons)
+    printed: resource.Obj | None = None
+    singular = namespaced.REASON_SINGULAR
     if kind in ("", "pod", "pods"):
         found = chooser.read(lambda s: _why_pod(s, namespace, name))
         if found is not None:
             data, printed = found
     if data is None and kind not in ("pod", "pods"):
-        # the controller answers for pods only; a claim's reasons come from the API's listing
-        view = source.load(raw)
-        claim = view.claims.get((namespace, name))
-        if claim is not None:
-            reasons = [r.to_dict() for r in why_claim(view, claim)]
-            data = {"claim": f"{namespace}/{name}", "reasons": reasons}
+        singular = namespaced.CLAIM_SINGULAR
+        answered, claimed = _why_claim_from_view_api(chooser, namespace, name)
+        if claimed is not None:
+            data, printed = claimed
+        elif not answered:
+            # no view API (or an older one): the reasons from the API's listing
+            view = source.load(raw)
+            claim = view.claims.get((namespace, name))
+            if claim is not None:
+                reasons = [r.to_dict() for r in why_claim(view, claim)]
+                data = {"claim": f"{namespace}/{name}", "reasons": reasons}
     if data is None:
         what = {"": "pod with GPU claims or claim", "claim": "claim"}.get(kind, "pod with claims")
         raise NotFoundError(f"no {what} {name!r} in namespace {namespace}")
     lines = [f"{k.capitalize()}: {v}" for k, v in data.items() if k != "reasons" and v]
     lines += [f"  {r['code']}: {Reason(**r)}" for r in data["reasons"]]
-    # -o name: a pod's GPUReason, as kubectl get gpureason prints it; a claim's reasons are no
-    # resource, so nothing (as -o json prints them as they are)
-    names = [] if printed is None else [_object_name(namespaced.REASON_SINGULAR, name)]
+    # -o name: the object, as kubectl get prints it; a claim's reasons read from the API's
+    # listing are no object, so nothing (as -o json prints them as they are)
+    names = [] if printed is None else [_object_name(singular, name)]
     _emit(args, data if printed is None else printed, "\n".join(lines), names)
+
+
+def _why_claim_from_view_api(
+    chooser: remote.Chooser, namespace: str, name: str
+) -> tuple[bool, tuple[report.Row, resource.Obj] | None]:
+    """Whether the view API answered for the claim, and its answer (None: no such claim).
+    Not answered where it is not served, or not chosen (``--source``)."""
+    view_api = chooser.view_api
+    if chooser.mode not in ("auto", "view-api") or not isinstance(view_api, viewapi.ViewApiSource):
+        return False, None
+    try:
+        return True, view_api.why_claim(namespace, name)
+    except remote.NotServedError:
+        return False, None
+    except remote.UnavailableError as exc:
+        if chooser.mode == "view-api":
+            raise FailedPreconditionError(str(exc)) from exc
+        if not isinstance(exc, remote.NotInstalledError):
+            chooser.note(f"not reading from the view API: {exc}")
+        return False, None
 
 
 def _chooser(args: argparse.Namespace, api_client: ApiClientLike, raw: RawApi) -> remote.Chooser:

@@ -146,6 +146,20 @@ class ViewApiSource:
             rows.append(namespaced.claim_row_of(obj))
         return rows
 
+    def why_claim(self, namespace: str, name: str) -> tuple[Row, resource.Obj] | None:
+        """``why claim/<name>``'s answer and the ``GPUClaim`` it came from (a get of one
+        carries ``status.reasons``), or None for no such claim of ours (404)."""
+        where = path(namespaced.CLAIMS, namespace, name)
+        try:
+            obj = self._call(lambda: self.raw.get(where), namespaced.CLAIMS)
+        except KubeNotFoundError:
+            return None
+        reasons = (obj.get("status") or {}).get("reasons")
+        if reasons is None:
+            raise NotServedError("the view API's GPUClaims carry no reasons (an older controller)")
+        kind = {"apiVersion": resource.API_VERSION, "kind": namespaced.CLAIM_KIND}
+        return {"claim": f"{namespace}/{name}", "reasons": list(reasons)}, {**kind, **obj}
+
     def why_pod(self, namespace: str, name: str) -> Row | None:
         """``why pod/<name>``'s answer, or None for a pod without GPU claims (404)."""
         where = path(namespaced.REASONS, namespace, name)
