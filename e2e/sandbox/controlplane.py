@@ -33,7 +33,7 @@ from typing import Any
 
 from e2e.sandbox import flags, procs
 from e2e.sandbox.binaries import REPO_ROOT, BinariesMissingError, KubeBinaries, find_binaries
-from e2e.sandbox.certs import APISERVER_DNS, APISERVER_IPS, TinyCA, service_account_key
+from gpuslice_testkit.certs import APISERVER_DNS, APISERVER_IPS, TinyCA, service_account_key
 
 HOST = procs.LOOPBACK
 STATE_FILE = "state.json"

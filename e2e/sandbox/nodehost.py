@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from e2e.sandbox import procs
-from e2e.sandbox.certs import APISERVER_IPS
+from gpuslice_testkit.certs import APISERVER_IPS
 
 # The `kubernetes` Service's ClusterIP: a local /32 on every node bridge, where e2e/sandbox/
 # apiproxy.py relays it to the API server (no kube-proxy, no NAT rules on the host).

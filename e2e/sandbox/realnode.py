@@ -38,12 +38,12 @@ from typing import Any
 
 from e2e.sandbox import flags, nodehost, procs
 from e2e.sandbox.binaries import REPO_ROOT, BinariesMissingError, KubeBinaries
-from e2e.sandbox.certs import TinyCA
 from e2e.sandbox.controlplane import ControlPlane, write_kubeconfig
 from e2e.sandbox.nodeconfig import CONTAINERD_SOCKET, NodeConfig
 from gpuslice_kube.client import new_api_client
 from gpuslice_kube.errors import KubeNotFoundError
 from gpuslice_kube.raw import Obj, RawApi, resource_path
+from gpuslice_testkit.certs import TinyCA
 
 NODE_BINARIES = ("containerd", "ctr", "containerd-shim-runc-v2", "runc")
 STATE_FILE = "realnodes.json"

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from e2e.sandbox.certs import TinyCA
 from e2e.sandbox.controlplane import write_kubeconfig
+from gpuslice_testkit.certs import TinyCA
 
 
 def issue_node_cert(pki: Path, node: str, out_dir: Path) -> tuple[Path, Path]:

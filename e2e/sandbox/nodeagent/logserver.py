@@ -17,8 +17,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlparse
 
-from e2e.sandbox.certs import TinyCA
 from gpuslice_core.logging import get_logger
+from gpuslice_testkit.certs import TinyCA
 
 log = get_logger(__name__)
 

@@ -25,7 +25,7 @@ from e2e.sandbox.binaries import (
     find_binaries,
     pinned_versions,
 )
-from e2e.sandbox.certs import TinyCA, service_account_key
+from gpuslice_testkit.certs import TinyCA, service_account_key
 
 
 def test_pinned_versions_come_from_versions_env() -> None:

@@ -1,15 +1,11 @@
 """The plugin's kubeconfig loader and client, against a local HTTPS server with a throwaway CA:
 what the server receives (token, basic auth, client certificate) for each kind of user entry,
-and the messages for entries the plugin cannot use.
-
-The CA is a few lines of ``cryptography`` here, like e2e/sandbox/certs.py's ``TinyCA``, which
-the unit tests cannot import (the e2e package is on the path only in the e2e session)."""
+and the messages for entries the plugin cannot use. The CA is the sandbox's
+(``gpuslice_testkit.certs.TinyCA``)."""
 
 from __future__ import annotations
 
 import base64
-import datetime as dt
-import ipaddress
 import json
 import select
 import socket
@@ -25,10 +21,6 @@ from typing import Any, ClassVar
 
 import pytest
 import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from gpuslice_core.errors import FailedPreconditionError
 from gpuslice_kube.errors import KubeError
@@ -36,87 +28,7 @@ from gpuslice_kube.raw import RawApi
 from gpuslice_kubectl import kubeconfig
 from gpuslice_kubectl.apiclient import KubeClient
 from gpuslice_kubectl.execplugin import ExecRunner
-
-
-@dataclass(frozen=True)
-class Pair:
-    cert: Path
-    key: Path
-
-
-class TinyCA:
-    """A self-signed CA in ``directory`` that issues serving and client certificates."""
-
-    def __init__(self, directory: Path) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        self.directory = directory
-        self._key = ec.generate_private_key(ec.SECP256R1())
-        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "throwaway-ca")])
-        self._cert = self._sign(
-            x509.CertificateBuilder().subject_name(name).issuer_name(name),
-            self._key.public_key(),
-            x509.BasicConstraints(ca=True, path_length=None),
-        )
-        self.cert_pem = self._cert.public_bytes(serialization.Encoding.PEM)
-        self.pair = Pair(directory / "ca.crt", directory / "ca.key")
-        self.pair.cert.write_bytes(self.cert_pem)
-
-    def _sign(
-        self, builder: x509.CertificateBuilder, public: Any, basic: x509.BasicConstraints
-    ) -> x509.Certificate:
-        now = dt.datetime.now(dt.timezone.utc)  # noqa: UP017 - this module runs on 3.10 too
-        return (
-            builder.public_key(public)
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + dt.timedelta(days=1))
-            .add_extension(basic, critical=True)
-            .sign(self._key, hashes.SHA256())
-        )
-
-    def issue(
-        self,
-        name: str,
-        common_name: str,
-        *,
-        dns_names: tuple[str, ...] = (),
-        ip_addresses: tuple[str, ...] = (),
-        server: bool = False,
-        out_dir: Path | None = None,
-    ) -> Pair:
-        key = ec.generate_private_key(ec.SECP256R1())
-        usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
-            .issuer_name(self._cert.subject)
-            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-        )
-        sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns_names]
-        sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
-        if sans:
-            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        cert = self._sign(builder, key.public_key(), x509.BasicConstraints(False, None))
-        where = out_dir or self.directory
-        where.mkdir(parents=True, exist_ok=True)
-        pair = Pair(where / f"{name}.crt", where / f"{name}.key")
-        pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        pair.key.write_bytes(
-            key.private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.PKCS8,
-                serialization.NoEncryption(),
-            )
-        )
-        return pair
-
-    def serving(self, name: str) -> Pair:
-        return self.issue(
-            name, "localhost", dns_names=("localhost",), ip_addresses=("127.0.0.1",), server=True
-        )
-
-    def client(self, name: str, user: str, *, out_dir: Path | None = None) -> Pair:
-        return self.issue(name, user, out_dir=out_dir)
+from gpuslice_testkit.certs import TinyCA
 
 
 class Echo(BaseHTTPRequestHandler):

@@ -1,5 +1,6 @@
-"""Certificates and keys for a loopback control plane: a tiny CA, serving certificates,
-client certificates and the service-account signing key (ECDSA P-256, like envtest)."""
+"""Certificates and keys for tests: a tiny CA, serving certificates, client certificates and
+the service-account signing key (ECDSA P-256, like envtest). The sandbox's control plane and
+nodes use it, and so do unit tests that need TLS (kubectl gpuslice's kubeconfig tests)."""
 
 from __future__ import annotations
 
