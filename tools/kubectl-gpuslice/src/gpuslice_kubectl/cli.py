@@ -33,7 +33,7 @@ from typing import Any
 import yaml
 
 from gpuslice_core import logging as gslog
-from gpuslice_core.errors import FailedPreconditionError, GpusliceError, NotFoundError
+from gpuslice_core.errors import GpusliceError, NotFoundError
 from gpuslice_kube.errors import KubeUnreachableError
 from gpuslice_kube.raw import RawApi
 from gpuslice_kube.transport import ApiClientLike
@@ -330,21 +330,14 @@ def _why(args: argparse.Namespace, raw: RawApi, chooser: remote.Chooser, namespa
 def _why_claim_from_view_api(
     chooser: remote.Chooser, namespace: str, name: str
 ) -> tuple[bool, tuple[report.Row, resource.Obj] | None]:
-    """Whether the view API answered for the claim, and its answer (None: no such claim).
-    Not answered where it is not served, or not chosen (``--source``)."""
-    view_api = chooser.view_api
-    if chooser.mode not in ("auto", "view-api") or not isinstance(view_api, viewapi.ViewApiSource):
-        return False, None
-    try:
-        return True, view_api.why_claim(namespace, name)
-    except remote.NotServedError:
-        return False, None
-    except remote.UnavailableError as exc:
-        if chooser.mode == "view-api":
-            raise FailedPreconditionError(str(exc)) from exc
-        if not isinstance(exc, remote.NotInstalledError):
-            chooser.note(f"not reading from the view API: {exc}")
-        return False, None
+    """Whether the view API answered for the claim, and its answer (None: no such claim)."""
+
+    def ask(source_: remote.ViewSource) -> tuple[report.Row, resource.Obj] | None:
+        if not isinstance(source_, viewapi.ViewApiSource):
+            raise remote.NotServedError("only the view API serves a claim's reasons")
+        return source_.why_claim(namespace, name)
+
+    return chooser.from_view_api(ask)
 
 
 def _chooser(args: argparse.Namespace, api_client: ApiClientLike, raw: RawApi) -> remote.Chooser:

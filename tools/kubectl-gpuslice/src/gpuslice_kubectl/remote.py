@@ -28,7 +28,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 from urllib.parse import quote, urlencode
 
 from gpuslice_core.errors import FailedPreconditionError, GpusliceError, NotFoundError
@@ -238,18 +238,29 @@ class Chooser:
         self.note = note
         self.view_api = view_api
 
+    def from_view_api(self, fn: Callable[[ViewSource], T]) -> tuple[bool, T | None]:
+        """``(True, fn's answer)`` from the view API; ``(False, None)`` where it is not chosen,
+        not installed, not serving this question (an older controller), or not answering (said
+        once on ``note``, and the view API is not asked again; with ``--source=view-api``, an
+        error)."""
+        if self.mode not in ("auto", "view-api") or self.view_api is None:
+            return False, None
+        try:
+            return True, fn(self.view_api)
+        except NotServedError:
+            return False, None  # a question for the next source; the view API stays first
+        except UnavailableError as exc:
+            if self.mode == "view-api":
+                raise FailedPreconditionError(str(exc)) from exc
+            if not isinstance(exc, NotInstalledError):
+                self.note(f"not reading from the view API: {exc}")
+            self.view_api = None
+            return False, None
+
     def read(self, fn: Callable[[ViewSource], T]) -> T:
-        if self.mode in ("auto", "view-api") and self.view_api is not None:
-            try:
-                return fn(self.view_api)
-            except NotServedError:
-                pass  # a question for the next source; the view API stays first for GPUs
-            except UnavailableError as exc:
-                if self.mode == "view-api":
-                    raise FailedPreconditionError(str(exc)) from exc
-                if not isinstance(exc, NotInstalledError):
-                    self.note(f"not reading from the view API: {exc}")
-                self.view_api = None
+        answered, answer = self.from_view_api(fn)
+        if answered:
+            return cast(T, answer)
         if self.mode == "view-api":
             return fn(self.api)  # (what an older controller's view API does not serve)
         if self.mode != "api":
