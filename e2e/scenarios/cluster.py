@@ -47,6 +47,22 @@ class NodeOps(Protocol):
         """Stop the node's kubelet and start it again with the same root directory."""
 
 
+def delete_and_wait(kube: RawApi, path: str, what: str, timeout: float) -> None:
+    """Delete the object at ``path`` (gone already is fine) and wait until the API server no
+    longer has it (its finalizers done)."""
+    with contextlib.suppress(KubeNotFoundError):
+        kube.delete(path)
+
+    def gone() -> bool:
+        try:
+            kube.get(path)
+        except KubeNotFoundError:
+            return True
+        return False
+
+    wait_for(gone, timeout, f"{what} to be deleted")
+
+
 @dataclass
 class Cluster:
     """A cluster running the gpuslice chart with the fake NVML config of ``e2e.scenarios.nodes``.
@@ -94,17 +110,8 @@ class Cluster:
             self.delete_namespace(name)
 
     def delete_namespace(self, name: str, timeout: float = 120) -> None:
-        with contextlib.suppress(KubeNotFoundError):
-            self.kube.delete(resource_path("v1", "namespaces", name=name))
-
-        def gone() -> bool:
-            try:
-                self.kube.get(resource_path("v1", "namespaces", name=name))
-            except KubeNotFoundError:
-                return True
-            return False
-
-        wait_for(gone, timeout, f"namespace {name} to be deleted")
+        path = resource_path("v1", "namespaces", name=name)
+        delete_and_wait(self.kube, path, f"namespace {name}", timeout)
 
     # ---- objects -------------------------------------------------------------------------
     def create(self, namespace: str, resource: str, obj: Obj, group_version: str = "v1") -> Obj:
@@ -207,17 +214,7 @@ class Cluster:
 
     def delete_pod(self, namespace: str, name: str, timeout: float = 60) -> None:
         path = resource_path("v1", "pods", namespace=namespace, name=name)
-        with contextlib.suppress(KubeNotFoundError):
-            self.kube.delete(path)
-
-        def gone() -> bool:
-            try:
-                self.kube.get(path)
-            except KubeNotFoundError:
-                return True
-            return False
-
-        wait_for(gone, timeout, f"pod {namespace}/{name} to be deleted")
+        delete_and_wait(self.kube, path, f"pod {namespace}/{name}", timeout)
 
     # ---- what a pod got ------------------------------------------------------------------
     def log(self, namespace: str, name: str, container: str = "main") -> str:

@@ -42,12 +42,11 @@ from e2e.sandbox.controlplane import ControlPlane, StartError
 from e2e.sandbox.realnode import Image, RealNodes
 from e2e.sandbox.realnode import StartError as NodeStartError
 from e2e.scenarios.chart import HelmError, Installed, install
-from e2e.scenarios.cluster import Cluster, attribute, merged, request
+from e2e.scenarios.cluster import Cluster, attribute, delete_and_wait, merged, request
 from e2e.scenarios.nodes import FAKE_NODE, SHARE_GPU, chart_values
 from e2e.scenarios.user import SCENARIOS
 from e2e.support.prometheus import MONITORING_CRDS, dashboard
 from gpuslice_kube.client import new_api_client
-from gpuslice_kube.errors import KubeNotFoundError
 from gpuslice_kube.raw import Obj, RawApi, resource_path
 from gpuslice_testkit.core import wait_for
 from gpuslice_testkit.enforcer import go_hook
@@ -294,16 +293,7 @@ def _operator_components_off(kube: RawApi) -> None:
     migManager.enabled=false` does to the cluster: the two DaemonSets are gone."""
     for name in OPERATOR_DAEMONSETS:
         path = resource_path("apps/v1", "daemonsets", namespace=OPERATOR_NS, name=name)
-        kube.delete(path)
-
-        def gone(path: str = path) -> bool:
-            try:
-                kube.get(path)
-            except KubeNotFoundError:
-                return True
-            return False
-
-        wait_for(gone, 30, f"{path} to be deleted")
+        delete_and_wait(kube, path, f"DaemonSet {OPERATOR_NS}/{name}", 30)
 
 
 def _prepare_monitoring(kube: RawApi) -> None:
